@@ -1,0 +1,16 @@
+"""The one exception type for bad user input."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+  """Bad user input: names the field, the value given and what is allowed.
+
+  The CLI prints ``str(error)`` as one line and exits with code 2.
+  """
+
+  def __init__(self, field: str, value: Any, allowed: str):
+    self.field, self.value, self.allowed = field, value, allowed
+    flag = "--" + field.replace("_", "-")
+    super().__init__(f"{flag}={value!r} is not valid: {allowed}")
