@@ -1,0 +1,75 @@
+"""Datasets by name, and deterministic per-worker streams over them."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from jaxdl.data import sources
+from jaxdl.data.base import Dataset, Split
+from jaxdl.data.streams import WorkerStreams, partition_batch
+from jaxdl.errors import ConfigError
+from jaxdl.registry import Registry
+
+__all__ = ["DATASETS", "Dataset", "Split", "WorkerStreams", "check_name", "describe_datasets",
+           "load_dataset", "partition_batch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+  """What load_dataset passes on to a registered loader."""
+  data_dir: str | None = None
+  synthetic_shape: tuple[int, ...] = (32, 32, 3)
+  synthetic_classes: int = 10
+
+
+DATASETS: Registry[Callable[[LoadOptions], Dataset]] = Registry("dataset")
+
+DATASETS.register("digits", sources.load_digits.__doc__)(
+    lambda opts: sources.load_digits())
+DATASETS.register("mnist", sources.load_mnist.__doc__)(
+    lambda opts: sources.load_mnist(opts.data_dir))
+DATASETS.register("fashion_mnist", sources.load_fashion_mnist.__doc__)(
+    lambda opts: sources.load_fashion_mnist(opts.data_dir))
+DATASETS.register("synthetic", "Random images of --synthetic-shape for "
+                  "throughput work; nothing to learn.")(
+    lambda opts: sources.load_synthetic(opts.synthetic_shape,
+                                        opts.synthetic_classes))
+
+_PREFIXED = (("tfds:NAME", "Any tfds image classification dataset prepared "
+              "as array_record in --data-dir, e.g. tfds:cifar10."),
+             ("npz:PATH", "A .npz with x_train, y_train, x_test, y_test "
+              "(uint8 or float images, integer labels)."))
+
+
+def check_name(name: str) -> None:
+  """Raises the ConfigError for a name that no loader takes; reads no data."""
+  prefix, _, rest = name.partition(":")
+  if not (name in DATASETS or (prefix in ("tfds", "npz") and rest)):
+    raise ConfigError("dataset", name, "one of " + ", ".join(
+        DATASETS.names() + [prefixed for prefixed, _ in _PREFIXED]))
+
+
+def load_dataset(name: str, data_dir: str | None = None,
+                 image_size: int | None = None,
+                 synthetic_shape: tuple[int, ...] = (32, 32, 3),
+                 synthetic_classes: int = 10) -> Dataset:
+  """Loads a dataset by name: a registered one, tfds:NAME or npz:PATH.
+
+  `image_size` resizes and centre-crops tfds images (needed when their sizes
+  vary); the other datasets have fixed shapes and refuse it.
+  """
+  if name.startswith("tfds:") and name[5:]:
+    return sources.load_tfds(name[5:], data_dir, image_size)
+  if image_size is not None:
+    raise ConfigError("image_size", image_size,
+                      f"left unset for {name}; only tfds: datasets resize")
+  if name.startswith("npz:") and name[4:]:
+    return sources.load_npz(name[4:])
+  check_name(name)
+  return DATASETS.get(name)(LoadOptions(data_dir, tuple(synthetic_shape),
+                                        synthetic_classes))
+
+
+def describe_datasets() -> list[tuple[str, str]]:
+  """(name, one-line description) of every dataset, for `jaxdl list`."""
+  return [(n, DATASETS.doc(n)) for n in DATASETS.names()] + list(_PREFIXED)

@@ -1,0 +1,74 @@
+"""The model zoo: models found by name, built as pure init/apply `Model`s."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+
+from jaxdl.errors import ConfigError
+from jaxdl.models import resnet, simple, vgg
+from jaxdl.models.base import Model, from_nnx
+from jaxdl.registry import Registry
+
+__all__ = ["MODELS", "Model", "build_model", "count_params"]
+
+# An entry builds an NNX module: entry(image_shape, num_classes, stem, rngs=...).
+Builder = Callable[..., Any]
+MODELS: Registry[Builder] = Registry("model")
+
+STEMS = ("auto", "cifar", "imagenet")
+_IMAGENET_MIN_SIDE = 128  # "auto" picks the ImageNet stem from this side up
+
+
+def _stemless(cls) -> Builder:
+  def build(image_shape, num_classes, stem, *, rngs):
+    del stem  # one layout for every image size
+    return cls(image_shape, num_classes, rngs=rngs)
+  return build
+
+
+MODELS.register("mlp", "Multilayer perceptron, hidden layers 256 and 128.")(
+    _stemless(simple.MLP))
+MODELS.register("cnn", "Small CNN: two 3x3 convs (32, 64), dense 128.")(
+    _stemless(simple.CNN))
+MODELS.register("resnet18", "ResNet-18, basic blocks (He et al. 2016).")(
+    resnet.resnet18)
+MODELS.register("resnet34", "ResNet-34, basic blocks (He et al. 2016).")(
+    resnet.resnet34)
+MODELS.register("resnet50", "ResNet-50, bottleneck blocks (He et al. 2016).")(
+    resnet.resnet50)
+MODELS.register("vgg11", "VGG-11, configuration A (Simonyan & Zisserman 2015).")(
+    vgg.vgg11)
+MODELS.register("vgg11_bn", "VGG-11 with batch norm after each conv.")(
+    vgg.vgg11_bn)
+MODELS.register("vgg16", "VGG-16, configuration D (Simonyan & Zisserman 2015).")(
+    vgg.vgg16)
+MODELS.register("vgg16_bn", "VGG-16 with batch norm after each conv.")(
+    vgg.vgg16_bn)
+
+
+def resolve_stem(stem: str, image_shape: tuple[int, int, int]) -> str:
+  """Turns "auto" into "imagenet" for images at least 128 on a side, else "cifar"."""
+  if stem not in STEMS:
+    raise ConfigError("stem", stem, "one of " + ", ".join(STEMS))
+  if stem != "auto":
+    return stem
+  return "imagenet" if min(image_shape[:2]) >= _IMAGENET_MIN_SIDE else "cifar"
+
+
+def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
+                stem: str = "auto") -> Model:
+  """Builds the registered model ``name`` for HxWxC images and ``num_classes``."""
+  entry = MODELS.get(name)
+  image_shape = tuple(int(d) for d in image_shape)
+  stem = resolve_stem(stem, image_shape)
+  build = functools.partial(entry, image_shape, num_classes, stem)
+  return from_nnx(name, lambda rngs: build(rngs=rngs), num_classes, image_shape)
+
+
+def count_params(model: Model) -> int:
+  """Trainable parameters, from shapes alone: nothing is allocated."""
+  params, _ = jax.eval_shape(model.init, jax.random.key(0))
+  return sum(math.prod(p.shape) for p in jax.tree.leaves(params))

@@ -45,7 +45,7 @@ def from_nnx(name: str, build: Callable[[Any], Any], num_classes: int,
   def init(key):
     module = build(nnx.Rngs(params=key))
     _, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
-    return params.to_pure_dict(), stats.to_pure_dict()
+    return nnx.to_pure_dict(params), nnx.to_pure_dict(stats)
 
   def apply(params, model_state, images, train):
     _, params_state, stats_state = nnx.split(abstract, nnx.Param, nnx.BatchStat)
@@ -55,7 +55,7 @@ def from_nnx(name: str, build: Callable[[Any], Any], num_classes: int,
     logits = module(images, train=train)
     if not train:
       return logits, model_state
-    return logits, nnx.split(module, nnx.Param, nnx.BatchStat)[2].to_pure_dict()
+    return logits, nnx.to_pure_dict(nnx.split(module, nnx.Param, nnx.BatchStat)[2])
 
   return Model(name=name, init=init, apply=apply, num_classes=num_classes,
                image_shape=tuple(image_shape))

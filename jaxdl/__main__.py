@@ -1,0 +1,5 @@
+import sys
+
+from jaxdl.cli import main
+
+sys.exit(main())

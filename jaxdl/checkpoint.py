@@ -1,0 +1,71 @@
+"""Orbax checkpoints of a run's whole state, verified on restore."""
+from __future__ import annotations
+
+import logging
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxdl.fingerprint import fingerprint
+
+logging.getLogger("absl").setLevel(logging.ERROR)  # orbax logs every save
+
+
+class Checkpointer:
+  """Keeps the last `keep` checkpoints of `state` in `directory`.
+
+  Each checkpoint stores, beside the state, a JSON record with the state's
+  fingerprint, so that a checkpoint whose bytes changed is detected on restore
+  instead of silently resuming from garbage.
+  """
+
+  def __init__(self, directory: Path, keep: int):
+    self.directory = Path(directory).absolute()
+    self._keep = keep
+    self._manager = self._open()
+
+  def _open(self) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True)
+    return ocp.CheckpointManager(self.directory, options=options)
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    meta = dict(meta, step=step, state_fingerprint=fingerprint(state))
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The newest checkpoint that restores and verifies, or None.
+
+    A bad checkpoint is moved to ``<directory>.corrupt/`` (never deleted) with
+    a warning, and the one before it is tried.
+    """
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+        meta = dict(restored.meta)
+        if fingerprint(restored.state) != meta.get("state_fingerprint"):
+          raise ValueError("its contents do not match the fingerprint saved with it")
+        return restored.state, meta
+      except Exception as e:  # orbax and tensorstore raise many types
+        aside = self.directory.with_name(self.directory.name + ".corrupt") / str(step)
+        warnings.warn(f"checkpoint {self.directory / str(step)} is unreadable ({e}); "
+                      f"moved to {aside}, trying the one before it", stacklevel=2)
+        self._manager.close()
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(self.directory / str(step), aside)
+        self._manager = self._open()
+    return None
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def abstract(tree: Any) -> Any:
+  """Shape/dtype structure of `tree`, the target orbax restores into."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)

@@ -1,0 +1,99 @@
+"""The command line: ``jaxdl run | list``."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+USAGE = """usage: jaxdl COMMAND [FLAGS]
+
+commands:
+  run     train one configuration into a run directory (jaxdl run --help)
+  list    list datasets, models, optimizers, algorithms and engines
+"""
+
+
+def _parse_run_config(args: list[str]):
+  import tyro
+
+  from jaxdl.config import RunConfig
+
+  def parse(default: RunConfig) -> RunConfig:
+    return tyro.cli(RunConfig, args=args, default=default, prog="jaxdl run",
+                    config=(tyro.conf.OmitArgPrefixes,),
+                    description="Train one configuration into a run directory.")
+
+  given = parse(RunConfig())
+  base = None
+  if given.output.config:
+    base = RunConfig.load(given.output.config)
+  elif given.output.resume and given.output.out:
+    stored = Path(given.output.out) / "config.json"
+    base = RunConfig.load(str(stored)) if stored.exists() else None
+  # Values from the file are the defaults; flags given on the line win.
+  return given if base is None else parse(base)
+
+
+def _run(args: list[str]) -> int:
+  from jaxdl.runner import run
+
+  summary = run(_parse_run_config(args))
+  keys = ("test_accuracy", "test_loss", "train_loss", "steps", "wall_time_s",
+          "samples_per_s", "params_fingerprint")
+  for key in keys:
+    value = summary[key]
+    print(f"{key:>20}: {value:.4f}" if isinstance(value, float) else f"{key:>20}: {value}")
+  return 0
+
+
+def _list(args: list[str]) -> int:
+  if args:
+    print("usage: jaxdl list", file=sys.stderr)
+    return 2
+  from jaxdl.algorithms import ALGORITHMS
+  from jaxdl.data import describe_datasets
+  from jaxdl.engines import ENGINES
+  from jaxdl.models import MODELS
+  from jaxdl.optim import OPTIMIZERS
+
+  sections = [("datasets (--dataset)", describe_datasets())]
+  for title, registry in (("models (--model)", MODELS),
+                          ("optimizers (--optimizer)", OPTIMIZERS),
+                          ("algorithms (--algorithm)", ALGORITHMS),
+                          ("engines (--engine)", ENGINES)):
+    sections.append((title, [(name, registry.doc(name)) for name in registry]))
+  for title, rows in sections:
+    print(title)
+    for name, doc in rows:
+      print(f"  {name:<28} {doc}")
+  return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "list": _list}
+
+
+def main(argv: list[str] | None = None) -> int:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(USAGE)
+    return 0 if argv else 2
+  command = COMMANDS.get(argv[0])
+  if command is None:
+    print(f"jaxdl: error: unknown command {argv[0]!r}; allowed: {', '.join(COMMANDS)}",
+          file=sys.stderr)
+    return 2
+  from jaxdl.errors import ConfigError
+  try:
+    return command(argv[1:])
+  except ConfigError as e:
+    print(f"jaxdl {argv[0]}: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print(f"jaxdl {argv[0]}: interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

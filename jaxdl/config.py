@@ -1,0 +1,205 @@
+"""One typed description of a run, validated before anything runs.
+
+Sections group the fields for ``--help``; every field name is unique across
+sections, so the command line stays flat (``--lr``, not ``--optim.lr``) and
+`RunConfig.make(lr=0.1)` / `RunConfig.replace(...)` take flat names too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Literal
+
+from jaxdl.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Data: which dataset, and how each worker batches it."""
+  dataset: str = "digits"
+  """digits (embedded, the default), mnist, fashion_mnist, synthetic, tfds:NAME (e.g. tfds:cifar10), npz:PATH."""
+  data_dir: str | None = None
+  """Directory with the dataset's files (IDX files for mnist/fashion_mnist; the tfds data_dir for tfds:NAME)."""
+  image_size: int | None = None
+  """Resize the shorter side and center-crop to this size (tfds datasets with images of varying size)."""
+  batch_size: int = 32
+  """Batch size per worker."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Model."""
+  model: str = "cnn"
+  """Model name: see `jaxdl list`."""
+  stem: Literal["auto", "cifar", "imagenet"] = "auto"
+  """ResNet/VGG stem and head: imagenet for inputs of 128 px or more under auto."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """Optimizer and learning-rate schedule (every algorithm's update rule)."""
+  optimizer: str = "sgd"
+  """Any optax optimizer by name: see `jaxdl list`."""
+  lr: float = 0.05
+  """Peak learning rate."""
+  momentum: float = 0.9
+  """Momentum of sgd (0 for plain SGD); other optimizers take theirs through --opt-args."""
+  nesterov: bool = False
+  """Nesterov momentum for sgd."""
+  weight_decay: float = 0.0
+  """Weight decay: decoupled for optimizers that take it (adamw, lamb, ...), an L2 term added to the gradient otherwise."""
+  opt_args: str = "{}"
+  """Further keyword arguments of the optax optimizer, as JSON, e.g. '{"b2": 0.98}'."""
+  schedule: Literal["constant", "cosine", "step", "linear"] = "cosine"
+  """Learning-rate schedule after warmup: constant, cosine decay to 0, step decay at --lr-milestones, linear decay to 0."""
+  warmup_steps: int = 0
+  """Linear warmup from 0 to --lr over this many steps."""
+  lr_milestones: tuple[float, ...] = ()
+  """Epochs at which the step schedule multiplies the learning rate by --lr-decay."""
+  lr_decay: float = 0.1
+  """Factor of the step schedule at each milestone."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+  """Distributed training algorithm and where it runs."""
+  algorithm: str = "sgd"
+  """Algorithm name: see `jaxdl list`."""
+  workers: int = 1
+  """Number of workers M."""
+  engine: str = "auto"
+  """Engine that runs the algorithm: auto picks the algorithm's first."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Length of training, seed, and cadences."""
+  epochs: float = 10.0
+  """Epochs of training (of each worker's shard); --steps overrides it."""
+  steps: int | None = None
+  """Training steps; overrides --epochs."""
+  seed: int = 0
+  """Run seed: data order, initialization and every random choice derive from it."""
+  eval_every: int = 0
+  """Evaluate on the test split every this many steps (0: once per epoch), and at the end."""
+  log_every: int = 20
+  """Write a metrics record every this many steps."""
+  checkpoint_every: int = 0
+  """Save a checkpoint every this many steps (0: once per epoch), and at the end."""
+  keep_checkpoints: int = 2
+  """Number of most recent checkpoints kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+  """Run directory and how to treat an existing one."""
+  out: str | None = None
+  """Run directory (default: runs/<algorithm>-<dataset>-<model>-seed<seed>)."""
+  resume: bool = False
+  """Continue the run in --out from its latest good checkpoint (starts fresh when there is none)."""
+  overwrite: bool = False
+  """Replace the run files in a non-empty --out."""
+  progress: bool = True
+  """Show a progress bar."""
+  config: str | None = None
+  """Start from this config.json (e.g. a run's); flags given beside it override its values."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything that defines a run."""
+  data: DataConfig = DataConfig()
+  model: ModelConfig = ModelConfig()
+  optim: OptimConfig = OptimConfig()
+  algorithm: AlgorithmConfig = AlgorithmConfig()
+  train: TrainConfig = TrainConfig()
+  output: OutputConfig = OutputConfig()
+
+  @classmethod
+  def make(cls, **flat: Any) -> RunConfig:
+    """A config from flat field names: ``RunConfig.make(dataset="mnist", lr=0.1)``."""
+    return cls().replace(**flat)
+
+  def replace(self, **flat: Any) -> RunConfig:
+    """A copy with flat fields replaced; unknown names raise a ConfigError."""
+    sections = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    owner = _field_owner()
+    for name, value in flat.items():
+      if name not in owner:
+        raise ConfigError(name, value, "not a config field; see `jaxdl run --help`")
+      sections[owner[name]] = dataclasses.replace(sections[owner[name]], **{name: value})
+    return RunConfig(**sections)
+
+  def flat(self) -> dict[str, Any]:
+    return {k: v for section in self.to_dict().values() for k, v in section.items()}
+
+  def to_dict(self) -> dict[str, dict[str, Any]]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+    """Inverse of `to_dict`; accepts a nested or a flat dict."""
+    if all(isinstance(v, dict) for v in d.values()):
+      d = {k: v for section in d.values() for k, v in section.items()}
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return cls.make(**d)
+
+  @classmethod
+  def load(cls, path: str) -> RunConfig:
+    try:
+      with open(path) as f:
+        return cls.from_dict(json.load(f))
+    except (OSError, json.JSONDecodeError) as e:
+      raise ConfigError("config", path, f"a readable config.json ({e})") from None
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def _field_owner() -> dict[str, str]:
+  default = RunConfig()
+  return {f.name: section.name for section in dataclasses.fields(default)
+          for f in dataclasses.fields(getattr(default, section.name))}
+
+
+# Fields that do not change what is computed: a resumed run may differ in them.
+RUN_CONTROL_FIELDS = frozenset(
+    {"out", "resume", "overwrite", "progress", "config", "log_every",
+     "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir"})
+
+
+def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
+  if value is None and allow_none:
+    return
+  ok = value is not None and math.isfinite(value) and (value >= 0 if zero else value > 0)
+  if not ok:
+    raise ConfigError(field, value, "a number >= 0" if zero else "a number > 0")
+
+
+def validate(config: RunConfig) -> RunConfig:
+  """Checks every field that can be checked without data; returns the config."""
+  # Registries are imported here: they pull in flax/optax, and the config
+  # module must stay importable by lightweight tools.
+  from jaxdl import algorithms, data, models, optim
+
+  c = config.flat()
+  for field in ("batch_size", "workers", "lr", "epochs", "log_every",
+                "keep_checkpoints"):
+    _positive(field, c[field])
+  for field in ("steps", "image_size"):
+    _positive(field, c[field], allow_none=True)
+  for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay",
+                "momentum"):
+    _positive(field, c[field], zero=True)
+  if not 0 < c["lr_decay"] <= 1:
+    raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
+  if any(m <= 0 for m in c["lr_milestones"]):
+    raise ConfigError("lr_milestones", c["lr_milestones"], "epochs > 0")
+  if c["resume"] and c["overwrite"]:
+    raise ConfigError("overwrite", True, "not together with --resume")
+  data.check_name(c["dataset"])
+  models.MODELS.get(c["model"])
+  optim.parse_opt_args(c["optimizer"], c["opt_args"])
+  algorithms.resolve(config.algorithm)
+  return config

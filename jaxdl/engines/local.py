@@ -1,0 +1,33 @@
+"""The local engine: one worker, the algorithm's step jitted on the default device."""
+from __future__ import annotations
+
+import jax
+
+from jaxdl.algorithms import Algorithm, Batch, Problem
+from jaxdl.data import WorkerStreams
+
+
+class LocalEngine:
+  """Runs a one-worker algorithm; buffers of the state are donated each step."""
+
+  def __init__(self, algorithm: Algorithm, problem: Problem, streams: WorkerStreams,
+               num_workers: int):
+    self._algorithm, self._problem, self._streams = algorithm, problem, streams
+    self._num_workers = num_workers
+    self.jitted_step = jax.jit(lambda state, batch: algorithm.step(problem, state, batch),
+                         donate_argnums=0)
+
+  def init(self, key: jax.Array):
+    # Under jit, initialization compiles once instead of op by op.
+    return jax.jit(self._algorithm.init, static_argnums=(0, 2))(
+        self._problem, key, self._num_workers)
+
+  def step(self, state, step: int):
+    """Advances `state` by training step `step` (its data is a function of it)."""
+    return self.jitted_step(state, Batch(*self._streams.batch(0, step)))
+
+  def evaluated(self, state):
+    return self._algorithm.evaluated(state)
+
+  def info(self) -> dict:
+    return {"engine": "local", "devices": 1, "workers_per_device": 1}

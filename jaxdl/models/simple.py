@@ -1,0 +1,80 @@
+"""Small models for small images: a multilayer perceptron and a small CNN."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def pool_if_wider(x: jax.Array, window: int = 2) -> jax.Array:
+  """Max-pools ``window``x``window``, stride ``window``, unless H or W is 1.
+
+  Skipping the pool at 1x1 lets the same architecture run on tiny inputs such
+  as 8x8 digits, where the usual number of halvings would shrink the map to 0.
+  """
+  if min(x.shape[-3], x.shape[-2]) <= 1:
+    return x
+  return nnx.max_pool(x, (window, window), strides=(window, window))
+
+
+def pooled_hw(h: int, w: int, num_pools: int, window: int = 2) -> tuple[int, int]:
+  """The (H, W) left after ``num_pools`` calls of `pool_if_wider`."""
+  for _ in range(num_pools):
+    if min(h, w) > 1:
+      h, w = h // window, w // window
+  return h, w
+
+
+def global_avg_pool(x: jax.Array) -> jax.Array:
+  """Averages over H and W: BxHxWxC -> BxC."""
+  return jnp.mean(x, axis=(-3, -2))
+
+
+class MLP(nnx.Module):
+  """Flatten, then dense layers with ReLU, then a dense layer to the classes."""
+
+  def __init__(self, image_shape: tuple[int, int, int], num_classes: int,
+               hidden: Sequence[int] = (256, 128), *, rngs: nnx.Rngs):
+    widths = [math.prod(image_shape), *hidden]
+    self.hidden = nnx.List([nnx.Linear(a, b, rngs=rngs)
+                            for a, b in zip(widths[:-1], widths[1:])])
+    self.head = nnx.Linear(widths[-1], num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train  # no batch norm, no dropout
+    x = x.reshape(x.shape[0], -1)
+    for layer in self.hidden:
+      x = nnx.relu(layer(x))
+    return self.head(x)
+
+
+class CNN(nnx.Module):
+  """Two 3x3 conv+ReLU+2x2 max-pool stages (32, 64 channels), dense 128, dense.
+
+  The feature map is flattened rather than averaged: on 8x8 digits it is 2x2,
+  and keeping where a stroke lies is worth the few extra weights (~53k total
+  on 8x8x1 with 10 classes). Meant for small images; the first dense layer
+  grows with the image area.
+  """
+
+  def __init__(self, image_shape: tuple[int, int, int], num_classes: int,
+               channels: Sequence[int] = (32, 64), dense: int = 128, *,
+               rngs: nnx.Rngs):
+    h, w, c = image_shape
+    widths = [c, *channels]
+    self.convs = nnx.List([nnx.Conv(a, b, (3, 3), rngs=rngs)
+                           for a, b in zip(widths[:-1], widths[1:])])
+    hp, wp = pooled_hw(h, w, len(channels))
+    self.dense = nnx.Linear(hp * wp * widths[-1], dense, rngs=rngs)
+    self.head = nnx.Linear(dense, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train  # no batch norm, no dropout
+    for conv in self.convs:
+      x = pool_if_wider(nnx.relu(conv(x)))
+    x = x.reshape(x.shape[0], -1)
+    x = nnx.relu(self.dense(x))
+    return self.head(x)

@@ -1,0 +1,94 @@
+"""Optimizers (any optax optimizer by name) and learning-rate schedules."""
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any, Callable
+
+import optax
+
+from jaxdl.config import OptimConfig
+from jaxdl.errors import ConfigError
+from jaxdl.registry import Registry
+
+OPTIMIZERS: Registry[Callable[..., optax.GradientTransformation]] = Registry("optimizer")
+
+# optax's optimizers that update from gradients alone and take a schedule as
+# their learning rate (polyak_sgd needs the loss value; sm3 and rprop want a float).
+_OPTAX_NAMES = (
+    "sgd", "adam", "adamw", "nadam", "nadamw", "lamb", "lars", "lion",
+    "rmsprop", "adagrad", "adadelta", "adabelief", "adafactor", "adamax",
+    "adamaxw", "amsgrad", "radam", "yogi", "novograd", "adan",
+    "fromage", "sign_sgd", "signum", "optimistic_gradient_descent")
+
+for _name in _OPTAX_NAMES:
+  if hasattr(optax, _name):
+    _fn = getattr(optax, _name)
+    OPTIMIZERS.register(_name, f"optax.{_name}")(_fn)
+
+_SET_BY_FLAGS = ("learning_rate", "momentum", "nesterov", "weight_decay")
+
+
+def parse_opt_args(optimizer: str, opt_args: str) -> dict[str, Any]:
+  """Parses --opt-args and checks each key against the optimizer's signature."""
+  params = inspect.signature(OPTIMIZERS.get(optimizer)).parameters
+  try:
+    kwargs = json.loads(opt_args)
+  except json.JSONDecodeError as e:
+    raise ConfigError("opt_args", opt_args, f"a JSON object ({e.msg})") from None
+  if not isinstance(kwargs, dict):
+    raise ConfigError("opt_args", opt_args, "a JSON object such as '{\"b2\": 0.98}'")
+  allowed = [p for p in params if p not in _SET_BY_FLAGS]
+  for key in kwargs:
+    if key not in allowed:
+      raise ConfigError("opt_args", opt_args,
+                        f"keys among optax.{optimizer}'s {', '.join(allowed)}"
+                        " (learning rate, momentum, nesterov and weight decay have flags)")
+  return kwargs
+
+
+def make_schedule(cfg: OptimConfig, total_steps: int,
+                  steps_per_epoch: int) -> optax.ScalarOrSchedule:
+  """Warmup (linear from 0) followed by the chosen decay, over `total_steps`.
+
+  A constant rate without warmup stays a float, so the optimizer keeps no step
+  counter for it.
+  """
+  warmup = min(cfg.warmup_steps, total_steps)
+  if cfg.schedule == "constant" and not warmup:
+    return cfg.lr
+  rest = max(total_steps - warmup, 1)
+  if cfg.schedule == "constant":
+    main = optax.constant_schedule(cfg.lr)
+  elif cfg.schedule == "cosine":
+    main = optax.cosine_decay_schedule(cfg.lr, rest)
+  elif cfg.schedule == "linear":
+    main = optax.linear_schedule(cfg.lr, 0.0, rest)
+  elif cfg.schedule == "step":
+    boundaries = {max(round(m * steps_per_epoch) - warmup, 1): cfg.lr_decay
+                  for m in cfg.lr_milestones}
+    main = optax.piecewise_constant_schedule(cfg.lr, boundaries)
+  else:
+    raise ConfigError("schedule", cfg.schedule, "one of constant, cosine, step, linear")
+  if not warmup:
+    return main
+  return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup), main], [warmup])
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int,
+                   steps_per_epoch: int) -> optax.GradientTransformation:
+  """The optax optimizer that `cfg` names, with its schedule and weight decay."""
+  fn = OPTIMIZERS.get(cfg.optimizer)
+  params = inspect.signature(fn).parameters
+  kwargs = parse_opt_args(cfg.optimizer, cfg.opt_args)
+  kwargs["learning_rate"] = make_schedule(cfg, total_steps, steps_per_epoch)
+  if cfg.optimizer == "sgd":
+    kwargs.update(momentum=cfg.momentum or None, nesterov=cfg.nesterov)
+  elif cfg.nesterov:
+    raise ConfigError("nesterov", True, "only with --optimizer sgd (others: --opt-args)")
+  if "weight_decay" in params:
+    kwargs["weight_decay"] = cfg.weight_decay
+    return fn(**kwargs)
+  if cfg.weight_decay:
+    return optax.chain(optax.add_decayed_weights(cfg.weight_decay), fn(**kwargs))
+  return fn(**kwargs)

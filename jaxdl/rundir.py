@@ -1,0 +1,77 @@
+"""The run directory: config, metrics (JSONL + TensorBoard), summary, checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from jaxdl.errors import ConfigError
+
+CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD = (
+    "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb")
+RUN_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, CHECKPOINTS + ".corrupt", TENSORBOARD)
+
+
+def check_output(out: Path, resume: bool, overwrite: bool) -> None:
+  """Refuses an output dir that cannot be written or holds another run; writes nothing."""
+  if out.exists() and not out.is_dir():
+    raise ConfigError("out", str(out), "a directory, not an existing file")
+  existing = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
+  if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+    raise ConfigError("out", str(out), f"a writable directory ({existing} is not writable)")
+  if out.exists() and any(out.iterdir()) and not (resume or overwrite):
+    raise ConfigError("out", str(out), "a new or empty directory; pass --resume to "
+                      "continue the run in it, or --overwrite to replace its run files")
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+  """Atomic write: a reader sees the old file or the new one, never half."""
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(data, indent=2) + "\n")
+  os.replace(tmp, path)
+
+
+def clear_run_files(out: Path) -> None:
+  """Removes what an earlier run wrote (for --overwrite); other files stay."""
+  for name in RUN_FILES:
+    path = out / name
+    if path.is_dir():
+      shutil.rmtree(path)
+    elif path.exists():
+      path.unlink()
+
+
+class MetricsLog:
+  """Appends records to metrics.jsonl and scalars to TensorBoard event files."""
+
+  def __init__(self, out: Path, resume_step: int | None):
+    self._path = out / METRICS
+    self.last: dict[str, Any] = {}  # the newest record kept from an earlier run
+    if resume_step is not None and self._path.exists():
+      self._truncate_after(resume_step)
+    self._file = open(self._path, "a")
+    from tensorboardX import SummaryWriter  # slow import, only when a run starts
+    self._tb = SummaryWriter(str(out / TENSORBOARD))
+
+  def _truncate_after(self, step: int) -> None:
+    # Records past the checkpoint came from the interrupted run and will be
+    # written again by the resumed one.
+    kept = [line for line in self._path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= step]
+    tmp = self._path.with_name(METRICS + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, self._path)
+    self.last = json.loads(kept[-1]) if kept else {}
+
+  def write(self, record: dict[str, Any]) -> None:
+    self._file.write(json.dumps(record) + "\n")
+    self._file.flush()
+    for key, value in record.items():
+      if key != "step" and isinstance(value, (int, float)):
+        self._tb.add_scalar(key, value, record["step"])
+
+  def close(self) -> None:
+    self._file.close()
+    self._tb.close()

@@ -1,0 +1,224 @@
+"""`jaxdl.run(config)`: one training run, from a validated config to a run directory."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdl import rundir
+from jaxdl.algorithms import Algorithm, Batch, Problem, resolve
+from jaxdl.checkpoint import Checkpointer, abstract
+from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, validate
+from jaxdl.data import Dataset, Split, WorkerStreams, load_dataset
+from jaxdl.engines import ENGINES
+from jaxdl.errors import ConfigError
+from jaxdl.fingerprint import fingerprint
+from jaxdl.models import build_model, count_params
+from jaxdl.optim import make_optimizer
+
+
+def default_out(config: RunConfig) -> Path:
+  name = config.data.dataset.replace(":", "-").replace("/", "_")
+  return Path("runs") / f"{config.algorithm.algorithm}-{name}-{config.model.model}-seed{config.train.seed}"
+
+
+@dataclasses.dataclass
+class _Setup:
+  """Everything a run builds from its config before training starts."""
+  config: RunConfig
+  out: Path
+  dataset: Dataset
+  streams: WorkerStreams
+  algorithm: Algorithm
+  problem: Problem
+  engine: Any
+  total_steps: int
+  global_batch: int
+
+
+def _setup(config: RunConfig) -> _Setup:
+  """Validates everything that can fail on bad input; writes nothing."""
+  validate(config)
+  out = Path(config.output.out) if config.output.out else default_out(config)
+  rundir.check_output(out, config.output.resume, config.output.overwrite)
+  algorithm, engine_name = resolve(config.algorithm)
+  data = config.data
+  dataset = load_dataset(data.dataset, data_dir=data.data_dir, image_size=data.image_size)
+  batch_sizes = (data.batch_size,) * config.algorithm.workers
+  streams = WorkerStreams(dataset.train, batch_sizes, config.train.seed)
+  total = config.train.steps or max(1, round(config.train.epochs * streams.steps_per_epoch))
+  model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
+                      config.model.stem)
+  problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch))
+  engine = ENGINES.get(engine_name)(algorithm, problem, streams, config.algorithm.workers)
+  return _Setup(config, out, dataset, streams, algorithm, problem, engine, total,
+                sum(batch_sizes))
+
+
+def _check_resumable(out: Path, config: RunConfig) -> None:
+  stored = RunConfig.load(str(out / rundir.CONFIG)).flat()
+  for field, value in config.flat().items():
+    if field not in RUN_CONTROL_FIELDS and stored.get(field) != value:
+      raise ConfigError(field, value, f"{stored.get(field)!r}, as in the run being "
+                        "resumed (use another --out for a different run)")
+
+
+class Evaluator:
+  """Loss and accuracy on a test split, in fixed-size padded batches (one compile)."""
+
+  def __init__(self, problem: Problem, split: Split, batch_size: int = 1000):
+    self._split, self._fn = split, jax.jit(problem.evaluate)
+    self._batch_size = min(batch_size, len(split))
+    self._cached: list | None = None
+
+  def _batches(self):
+    if self._cached is not None:
+      yield from self._cached
+      return
+    batches, n, bs = [], len(self._split), self._batch_size
+    for start in range(0, n, bs):
+      images, labels = self._split.gather(np.arange(start, min(start + bs, n)))
+      pad = bs - len(labels)
+      mask = np.concatenate([np.ones(len(labels), np.float32), np.zeros(pad, np.float32)])
+      batch = (Batch(np.pad(images, [(0, pad)] + [(0, 0)] * (images.ndim - 1)),
+                     np.pad(labels, (0, pad))), mask)
+      batches.append(batch)
+      yield batch
+    if n * images[0].nbytes <= 256 * 2**20:  # small test sets stay in memory
+      self._cached = batches
+
+  def __call__(self, params, model_state) -> dict[str, float]:
+    sums = [self._fn(params, model_state, batch, mask) for batch, mask in self._batches()]
+    total = jax.device_get(jax.tree.map(lambda *xs: sum(xs), *sums))
+    return {"test_accuracy": float(total["correct"] / total["count"]),
+            "test_loss": float(total["loss_sum"] / total["count"])}
+
+
+def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
+  """Trains as `config` says and returns the run's summary (also in summary.json).
+
+  ``jaxdl.run(RunConfig.make(dataset="digits", epochs=5))`` or
+  ``jaxdl.run(dataset="digits", epochs=5)``. Bad input raises ConfigError
+  before anything is written.
+  """
+  config = (config or RunConfig()).replace(**overrides)
+  setup = _setup(config)
+  out, resume = setup.out, config.output.resume
+  resuming = resume and (out / rundir.CONFIG).exists()
+  if resuming:
+    _check_resumable(out, config)
+  if config.output.overwrite or (resume and not resuming):
+    if out.exists():
+      rundir.clear_run_files(out)
+  out.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(out / rundir.CONFIG, config.to_dict())
+  return _Training(setup, resuming).run()
+
+
+class _Training:
+  """The host loop: steps, logging, evaluation, checkpoints, summary."""
+
+  def __init__(self, setup: _Setup, resuming: bool):
+    self.s = setup
+    c = setup.config.train
+    spe = setup.streams.steps_per_epoch
+    self.eval_every = c.eval_every or spe
+    self.ckpt_every = c.checkpoint_every or spe
+    self.root_key = jax.random.key(c.seed)
+    self.state = setup.engine.init(jax.random.fold_in(self.root_key, 0))
+    self.ckpt = Checkpointer(setup.out / rundir.CHECKPOINTS, c.keep_checkpoints)
+    self.start, self.wall_offset = 0, 0.0
+    if resuming:
+      restored = self.ckpt.restore_latest(abstract(self.state))
+      if restored is not None:
+        self.state, meta = restored
+        self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
+    self.log = rundir.MetricsLog(setup.out, self.start if resuming else None)
+    self.evaluator = Evaluator(setup.problem, setup.dataset.test)
+    self.last_eval: dict[str, float] = {}
+    self.last_train = {"loss": self.log.last.get("train_loss", float("nan"))}
+
+  def _elapsed(self) -> float:
+    return self.wall_offset + time.perf_counter() - self.t0
+
+  def run(self) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+    s, c = self.s, self.s.config.train
+    self.t0 = time.perf_counter()
+    bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
+               disable=not s.config.output.progress, desc=s.algorithm.name)
+    pending, window_t, window_step = [], self._elapsed(), self.start
+    try:
+      for step in range(self.start, s.total_steps):
+        self.state, metrics = s.engine.step(self.state, step)
+        pending.append(metrics)
+        done = step + 1
+        evaluate = done % self.eval_every == 0 or done == s.total_steps
+        if done % c.log_every == 0 or evaluate or done == s.total_steps:
+          # Fetching the metrics also bounds how far dispatch runs ahead.
+          self.last_train = {k: float(np.mean(v)) for k, v in
+                             jax.device_get(jax.tree.map(lambda *x: list(x), *pending)).items()}
+          pending = []
+          if evaluate:
+            self.last_eval = self._evaluate()
+          now = self._elapsed()
+          rate = (done - window_step) * s.global_batch / max(now - window_t, 1e-9)
+          window_t, window_step = now, done
+          self._log(done, now, rate, evaluate)
+          bar.set_postfix(loss=f"{self.last_train['loss']:.4f}",
+                          acc=f"{self.last_eval.get('test_accuracy', float('nan')):.4f}",
+                          samples_s=f"{rate:.0f}", refresh=False)
+        bar.update(1)
+        if done % self.ckpt_every == 0 or done == s.total_steps:
+          self._checkpoint(done)
+    finally:
+      bar.close()
+      self.ckpt.close()
+      self.log.close()
+    return self._summary()
+
+  def _evaluate(self) -> dict[str, float]:
+    return self.evaluator(*self.s.engine.evaluated(self.state))
+
+  def _log(self, step: int, wall: float, rate: float, evaluated: bool) -> None:
+    record = {"step": step, "epoch": step / self.s.streams.steps_per_epoch,
+              "samples": step * self.s.global_batch,
+              "train_loss": self.last_train["loss"],
+              "train_accuracy": self.last_train["accuracy"],
+              "wall_time_s": wall, "samples_per_s": rate}
+    if evaluated:
+      record.update(self.last_eval)
+    self.log.write(record)
+
+  def _checkpoint(self, step: int) -> None:
+    self.ckpt.save(step, self.state, {"wall_time_s": self._elapsed()})
+
+  def _summary(self) -> dict[str, Any]:
+    s = self.s
+    if not self.last_eval:  # a resumed run that had already finished
+      self.last_eval = self._evaluate()
+    params, model_state = s.engine.evaluated(self.state)
+    wall = self._elapsed()
+    samples = s.total_steps * s.global_batch
+    summary = {
+        **self.last_eval,
+        "train_loss": self.last_train["loss"],
+        "steps": s.total_steps, "samples": samples,
+        "epochs": s.total_steps / s.streams.steps_per_epoch,
+        "wall_time_s": wall, "samples_per_s": samples / wall if wall else float("nan"),
+        "params_fingerprint": fingerprint(params),
+        "model_state_fingerprint": fingerprint(model_state),
+        "num_params": count_params(s.problem.model),
+        "algorithm": s.algorithm.name, "workers": s.config.algorithm.workers,
+        "dataset": s.config.data.dataset, "model": s.config.model.model,
+        "seed": s.config.train.seed,
+        "jax_version": jax.__version__, "backend": jax.default_backend(),
+        **s.engine.info(),
+    }
+    rundir.write_json(s.out / rundir.SUMMARY, summary)
+    return summary

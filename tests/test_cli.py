@@ -1,0 +1,143 @@
+"""The command line: help, list, bad input, rerun, and resume after SIGKILL."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import jaxdl
+from jaxdl.cli import main
+from jaxdl.config import RunConfig
+
+QUICK = ["--model", "mlp", "--epochs", "1", "--no-progress"]
+
+
+def _jaxdl(*args, **kwargs):
+  return subprocess.run([sys.executable, "-m", "jaxdl", *args], capture_output=True,
+                        text=True, timeout=300, **kwargs)
+
+
+def test_help_documents_every_flag():
+  result = _jaxdl("run", "--help", env=dict(os.environ, COLUMNS="200"))
+  assert result.returncode == 0
+  for name in RunConfig().flat():
+    flag = "--" + name.replace("_", "-")
+    assert flag in result.stdout, flag
+  # every field has a docstring, so no flag is shown without one
+  assert "(default: " in result.stdout
+
+
+def test_list_prints_every_registry(capsys):
+  assert main(["list"]) == 0
+  out = capsys.readouterr().out
+  for word in ("digits", "tfds:NAME", "npz:PATH", "resnet50", "vgg16_bn", "adamw", "sgd",
+               "local"):
+    assert word in out, word
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--dataset", "imagenet"], "--dataset"),
+    (["--model", "resnet7"], "--model"),
+    (["--optimizer", "sgdd"], "--optimizer"),
+    (["--algorithm", "paxos"], "--algorithm"),
+    (["--workers", "0"], "--workers"),
+    (["--batch-size", "-1"], "--batch-size"),
+    (["--lr", "0"], "--lr"),
+    (["--steps", "0"], "--steps"),
+    (["--batch-size", "5000"], "--batch-size"),  # larger than the 1437-example shard
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_lost(tmp_path, capsys, args, field):
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "notes.txt").write_text("mine")
+  assert main(["run", "--out", str(out), "--overwrite", *QUICK, *args]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and field in err and "Traceback" not in err
+  assert [p.name for p in out.iterdir()] == ["notes.txt"]
+  assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_non_empty_out_needs_resume_or_overwrite(tmp_path, capsys):
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "precious.bin").write_bytes(b"x")
+  assert main(["run", "--out", str(out), *QUICK]) == 2
+  assert "--resume" in capsys.readouterr().err
+  assert [p.name for p in out.iterdir()] == ["precious.bin"]
+
+
+def test_unwritable_out_is_refused(tmp_path, capsys):
+  parent = tmp_path / "ro"
+  parent.mkdir()
+  parent.chmod(0o500)
+  try:
+    if os.access(parent, os.W_OK):
+      pytest.skip("running as a user that can write anywhere")
+    assert main(["run", "--out", str(parent / "run"), *QUICK]) == 2
+    assert "writable" in capsys.readouterr().err
+  finally:
+    parent.chmod(0o700)
+
+
+def test_unwritable_out_is_refused_even_as_root(tmp_path, capsys):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a dir")
+  assert main(["run", "--out", str(blocker / "run"), *QUICK]) == 2
+  assert "--out" in capsys.readouterr().err
+  assert blocker.read_text() == "not a dir"
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
+  result = _jaxdl("run", "--dataset", "nope", "--out", str(tmp_path / "r"))
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      result.stderr.strip()] and "--dataset='nope'" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "r").exists()
+
+
+def test_config_flag_reruns_a_run(tmp_path, capsys):
+  assert main(["run", "--out", str(tmp_path / "a"), *QUICK, "--seed", "7"]) == 0
+  assert main(["run", "--config", str(tmp_path / "a" / "config.json"),
+               "--out", str(tmp_path / "b")]) == 0
+  a = json.loads((tmp_path / "a" / "summary.json").read_text())
+  b = json.loads((tmp_path / "b" / "summary.json").read_text())
+  assert b["seed"] == 7 and a["params_fingerprint"] == b["params_fingerprint"]
+
+
+def _newest_checkpoint(directory: Path) -> int:
+  steps = [int(p.name) for p in directory.glob("*") if p.name.isdigit()
+           and (p / "commit_success.txt").exists()] if directory.exists() else []
+  return max(steps, default=0)
+
+
+def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
+  args = ["--model", "mlp", "--steps", "3000", "--checkpoint-every", "100",
+          "--log-every", "100", "--no-progress"]
+  reference = jaxdl.run(RunConfig.make(model="mlp", steps=3000, checkpoint_every=100,
+                                       log_every=100, out=str(tmp_path / "ref"),
+                                       progress=False))
+  out = tmp_path / "run"
+  process = subprocess.Popen([sys.executable, "-m", "jaxdl", "run", "--out", str(out), *args],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 120
+    while _newest_checkpoint(out / "checkpoints") < 300 and time.time() < deadline:
+      assert process.poll() is None, "the run ended before it could be killed"
+      time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+  finally:
+    process.wait(timeout=30)
+  assert process.returncode == -signal.SIGKILL
+  assert not (out / "summary.json").exists()
+  result = _jaxdl("run", "--out", str(out), "--resume", "--no-progress")
+  assert result.returncode == 0, result.stderr
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["params_fingerprint"] == reference["params_fingerprint"]
+  def logged_steps(run):
+    return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+  assert logged_steps(out) == logged_steps(tmp_path / "ref")  # no record twice, none missing

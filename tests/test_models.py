@@ -1,0 +1,191 @@
+"""The model zoo: standard sizes, shapes, batch-norm state, determinism."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdl.errors import ConfigError
+from jaxdl.models import MODELS, Model, build_model, count_params
+from jaxdl.models import resnet
+from jaxdl.models.base import from_nnx
+
+ALL = MODELS.names()
+BATCH = 4
+
+
+def _abstract_init(model: Model):
+  return jax.eval_shape(model.init, jax.random.key(0))
+
+
+def _images(shape, seed=0):
+  return np.random.default_rng(seed).normal(size=(BATCH, *shape)).astype(np.float32)
+
+
+def _assert_nested_dicts(tree, leaf_type):
+  assert isinstance(tree, dict)
+  for value in tree.values():
+    if isinstance(value, dict):
+      _assert_nested_dicts(value, leaf_type)
+    else:
+      assert isinstance(value, leaf_type), type(value)
+
+
+def _leaves_equal(a, b) -> bool:
+  # NumPy, not jnp: an eager jnp op compiles once per leaf shape.
+  same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
+  return all(jax.tree.leaves(same))
+
+
+def test_registry_names_and_docs():
+  assert ALL == ["mlp", "cnn", "resnet18", "resnet34", "resnet50",
+                 "vgg11", "vgg11_bn", "vgg16", "vgg16_bn"]
+  for name in ALL:
+    assert MODELS.doc(name)
+
+
+@pytest.mark.parametrize("name, image_shape, classes, expected", [
+    # The three sizes every framework quotes.
+    ("resnet50", (224, 224, 3), 1000, 25_557_032),
+    ("resnet18", (32, 32, 3), 10, 11_173_962),
+    ("vgg16", (224, 224, 3), 1000, 138_357_544),
+    # torchvision's counts for the rest of the ImageNet models.
+    ("resnet18", (224, 224, 3), 1000, 11_689_512),
+    ("resnet34", (224, 224, 3), 1000, 21_797_672),
+    ("vgg11", (224, 224, 3), 1000, 132_863_336),
+    ("vgg11_bn", (224, 224, 3), 1000, 132_868_840),
+    ("vgg16_bn", (224, 224, 3), 1000, 138_365_992),
+])
+def test_standard_parameter_counts(name, image_shape, classes, expected):
+  assert count_params(build_model(name, classes, image_shape)) == expected
+
+
+def test_small_model_sizes():
+  assert 30_000 <= count_params(build_model("cnn", 10, (8, 8, 1))) <= 100_000
+  # 64*256+256 + 256*128+128 + 128*10+10
+  assert count_params(build_model("mlp", 10, (8, 8, 1))) == 50_826
+
+
+_STEM_CASES = [("cifar", (8, 8, 1)), ("cifar", (32, 32, 3)), ("imagenet", (64, 48, 3))]
+
+
+@pytest.mark.parametrize("stem, image_shape", _STEM_CASES)
+@pytest.mark.parametrize("name", ALL)
+def test_logits_shape(name, stem, image_shape):
+  # Shapes only: tracing the jitted apply checks them without compiling. The
+  # 64x48 ImageNet case has VGG resize a 2x1 map and ResNet pool a 2x2 one.
+  model = build_model(name, 10, image_shape, stem=stem)
+  params, state = _abstract_init(model)
+  _assert_nested_dicts(params, jax.ShapeDtypeStruct)
+  _assert_nested_dicts(state, jax.ShapeDtypeStruct)
+  apply = jax.jit(model.apply, static_argnums=3)
+  images = jax.ShapeDtypeStruct((BATCH, *image_shape), jnp.float32)
+  for train in (True, False):
+    logits, new_state = jax.eval_shape(apply, params, state, images, train)
+    assert logits.shape == (BATCH, 10)
+    assert jax.tree.structure(new_state) == jax.tree.structure(state)
+
+
+def test_vgg_imagenet_head_on_224_needs_no_resize():
+  model = build_model("vgg11", 1000, (224, 224, 3))
+  params, state = _abstract_init(model)
+  assert params["head"][0]["kernel"].shape == (7 * 7 * 512, 4096)
+  images = jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32)
+  apply = functools.partial(model.apply, train=False)
+  logits, _ = jax.eval_shape(apply, params, state, images)
+  assert logits.shape == (2, 1000)
+
+
+def test_stem_auto_and_errors():
+  def stem_kernel(shape):
+    params, _ = _abstract_init(build_model("resnet18", 10, shape))
+    return params["stem_conv"]["kernel"].shape[:2]
+  assert stem_kernel((32, 32, 3)) == (3, 3)
+  assert stem_kernel((127, 500, 3)) == (3, 3)
+  assert stem_kernel((128, 128, 3)) == (7, 7)
+  with pytest.raises(ConfigError, match="--model="):
+    build_model("resnet19", 10, (32, 32, 3))
+  with pytest.raises(ConfigError, match="one of auto, cifar, imagenet"):
+    build_model("resnet18", 10, (32, 32, 3), stem="tiny")
+
+
+def _small_resnet(block) -> Model:
+  # Two stages of one block each: the block's batch norms and projection
+  # shortcut, compiled in a fraction of ResNet-18/50's time.
+  build = functools.partial(resnet.ResNet, (8, 8, 1), 10, (1, 1), block, "cifar")
+  return from_nnx(block.__name__, lambda rngs: build(rngs=rngs), 10, (8, 8, 1))
+
+
+# Real computation, so small models: on CPU, compiling the random initializer
+# costs about 0.3 s per parameter shape with threefry keys and less with rbg.
+# resnet34, resnet50 and vgg16_bn share their code with the models run here.
+@pytest.mark.parametrize("name, key_impl", [
+    ("mlp", None), ("cnn", None), ("vgg11_bn", "rbg"),
+    ("BasicBlock", "rbg"), ("Bottleneck", "rbg")])
+def test_run_train_and_eval(name, key_impl):
+  if name in MODELS:
+    model = build_model(name, 10, (8, 8, 1))
+  else:
+    model = _small_resnet(getattr(resnet, name))
+  key = functools.partial(jax.random.key, impl=key_impl)
+  init = jax.jit(model.init)  # compiled once, run for three keys
+  params, state = init(key(0))
+  _assert_nested_dicts(params, jax.Array)
+  _assert_nested_dicts(state, jax.Array)
+  assert _leaves_equal((params, state), init(key(0)))
+  assert not _leaves_equal(params, init(key(1))[0])
+
+  apply = jax.jit(model.apply, static_argnums=3)
+  images = _images((8, 8, 1))
+  logits, eval_state = apply(params, state, images, False)
+  assert logits.shape == (BATCH, 10) and np.isfinite(logits).all()
+  assert _leaves_equal(eval_state, state)
+  assert _leaves_equal(logits, apply(params, state, images, False)[0])
+
+  train_logits, train_state = apply(params, state, images, True)
+  assert train_logits.shape == (BATCH, 10)
+  assert jax.tree.structure(train_state) == jax.tree.structure(state)
+  has_bn = bool(jax.tree.leaves(state))
+  assert has_bn == (name not in ("mlp", "cnn"))
+  if has_bn:
+    # Every running mean and variance moves towards the batch's statistics.
+    moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), state, train_state)
+    assert all(jax.tree.leaves(moved))
+    # Batch statistics, not running ones, are used in training.
+    assert not _leaves_equal(train_logits, logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cnn", "mlp"])
+def test_learns_digits(name):
+  optax = pytest.importorskip("optax")
+  datasets = pytest.importorskip("sklearn.datasets")
+  x, y = datasets.load_digits(return_X_y=True)
+  x = (x.reshape(-1, 8, 8, 1).astype(np.float32) / 8.0 - 1.0)
+  perm = np.random.default_rng(0).permutation(len(x))
+  x, y = x[perm], y[perm]
+  x_train, y_train, x_test, y_test = x[:1400], y[:1400], x[1400:], y[1400:]
+  model = build_model(name, 10, (8, 8, 1))
+  params, state = model.init(jax.random.key(0))
+  opt = optax.adam(1e-3)
+  opt_state = opt.init(params)
+
+  @jax.jit
+  def step(params, opt_state, xb, yb):
+    def loss(p):
+      logits, _ = model.apply(p, state, xb, True)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+    grads = jax.grad(loss)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  for epoch in range(10):
+    order = np.random.default_rng(epoch).permutation(len(x_train))
+    for i in range(0, len(order) - 63, 64):
+      b = order[i:i + 64]
+      params, opt_state = step(params, opt_state, x_train[b], y_train[b])
+  logits, _ = model.apply(params, state, x_test, False)
+  assert float(jnp.mean(jnp.argmax(logits, -1) == y_test)) >= 0.95
