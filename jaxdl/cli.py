@@ -73,8 +73,17 @@ def _list(args: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "list": _list}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _environment() -> None:
+  """Quiet TensorFlow logs; keep compiled XLA programs across runs (set
+  JAX_COMPILATION_CACHE_DIR to move the cache, or to '' to turn it off)."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                        str(Path.home() / ".cache" / "jaxdl" / "xla"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+
+
+def main(argv: list[str] | None = None) -> int:
+  _environment()
   argv = sys.argv[1:] if argv is None else list(argv)
   if not argv or argv[0] in ("-h", "--help"):
     print(USAGE)

@@ -141,3 +141,9 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
   def logged_steps(run):
     return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
   assert logged_steps(out) == logged_steps(tmp_path / "ref")  # no record twice, none missing
+
+
+def test_progress_bar_shows_loss_accuracy_and_throughput(tmp_path, capsys):
+  assert main(["run", "--out", str(tmp_path / "r"), "--model", "mlp", "--epochs", "1"]) == 0
+  err = capsys.readouterr().err
+  assert "loss=" in err and "acc=" in err and "samples_s=" in err and "44/44" in err

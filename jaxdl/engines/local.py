@@ -1,10 +1,23 @@
 """The local engine: one worker, the algorithm's step jitted on the default device."""
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from jaxdl.algorithms import Algorithm, Batch, Problem
 from jaxdl.data import WorkerStreams
+
+
+def compile_init(init, *args):
+  """Compiles an initialization function once, cheaply.
+
+  Op-by-op, every parameter's initializer compiles on its own; under one jit
+  the random-number code still dominates compile time on CPU, and it needs no
+  backend optimization: it runs once.
+  """
+  options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
+  return jax.jit(init).lower(*args).compile(compiler_options=options)
 
 
 class LocalEngine:
@@ -18,9 +31,9 @@ class LocalEngine:
                          donate_argnums=0)
 
   def init(self, key: jax.Array):
-    # Under jit, initialization compiles once instead of op by op.
-    return jax.jit(self._algorithm.init, static_argnums=(0, 2))(
-        self._problem, key, self._num_workers)
+    init = functools.partial(self._algorithm.init, self._problem,
+                             num_workers=self._num_workers)
+    return compile_init(init, key)(key)
 
   def step(self, state, step: int):
     """Advances `state` by training step `step` (its data is a function of it)."""
