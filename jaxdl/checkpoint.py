@@ -68,4 +68,4 @@ class Checkpointer:
 
 def abstract(tree: Any) -> Any:
   """Shape/dtype structure of `tree`, the target orbax restores into."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

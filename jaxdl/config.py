@@ -24,7 +24,9 @@ class DataConfig:
   image_size: int | None = None
   """Resize the shorter side and center-crop to this size (tfds datasets with images of varying size)."""
   batch_size: int = 32
-  """Batch size per worker."""
+  """Batch size per worker (the global batch is M times it)."""
+  batch_sizes: tuple[int, ...] | None = None
+  """Unequal per-worker batch sizes, one per worker (e.g. 32 48 48); overrides --batch-size."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,30 @@ class AlgorithmConfig:
   """Number of workers M."""
   engine: str = "auto"
   """Engine that runs the algorithm: auto picks the algorithm's first."""
+  communication_period: int = 4
+  """Local steps between model averagings (local_sgd; H in the papers)."""
+  sync_bn: bool = False
+  """Batch-norm statistics over all workers' batches instead of each worker's own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+  """The machines: worker speeds and parameter-server shards."""
+  worker_speeds: tuple[float, ...] | None = None
+  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion."""
+  servers: int = 1
+  """Parameter-server shards k (bsp): each owns 1/k of the parameters and optimizer state."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  """Several processes (hosts) in one synchronous run, through jax.distributed."""
+  coordinator_address: str | None = None
+  """host:port of process 0; unset: one process, unless JAX_COORDINATOR_ADDRESS is set."""
+  num_processes: int | None = None
+  """Number of processes (or JAX_NUM_PROCESSES)."""
+  process_id: int | None = None
+  """This process's index (or JAX_PROCESS_ID)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +139,8 @@ class RunConfig:
   model: ModelConfig = ModelConfig()
   optim: OptimConfig = OptimConfig()
   algorithm: AlgorithmConfig = AlgorithmConfig()
+  cluster: ClusterConfig = ClusterConfig()
+  distributed: DistributedConfig = DistributedConfig()
   train: TrainConfig = TrainConfig()
   output: OutputConfig = OutputConfig()
 
@@ -166,7 +194,8 @@ def _field_owner() -> dict[str, str]:
 # Fields that do not change what is computed: a resumed run may differ in them.
 RUN_CONTROL_FIELDS = frozenset(
     {"out", "resume", "overwrite", "progress", "config", "log_every",
-     "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir"})
+     "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir",
+     "coordinator_address", "num_processes", "process_id"})
 
 
 def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
@@ -201,5 +230,25 @@ def validate(config: RunConfig) -> RunConfig:
   data.check_name(c["dataset"])
   models.MODELS.get(c["model"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
-  algorithms.resolve(config.algorithm)
+  batch_sizes(config)
+  algorithms.resolve(config)
   return config
+
+
+def batch_sizes(config: RunConfig) -> tuple[int, ...]:
+  """Each worker's batch size: --batch-sizes, or the global batch split by
+  --worker-speeds, or --batch-size for everyone."""
+  from jaxdl.data import partition_batch
+
+  m, data = config.algorithm.workers, config.data
+  if data.batch_sizes is not None:
+    if len(data.batch_sizes) != m or any(b <= 0 for b in data.batch_sizes):
+      raise ConfigError("batch_sizes", data.batch_sizes,
+                        f"{m} positive sizes, one per worker (--workers {m})")
+    return tuple(data.batch_sizes)
+  speeds = config.cluster.worker_speeds
+  if speeds is not None:
+    if len(speeds) != m:
+      raise ConfigError("worker_speeds", speeds, f"{m} speeds, one per worker")
+    return partition_batch(data.batch_size * m, speeds)
+  return (data.batch_size,) * m

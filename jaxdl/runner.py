@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 from jaxdl import rundir
-from jaxdl.algorithms import Algorithm, Batch, Problem, resolve
+from jaxdl.algorithms import Algorithm, Problem, resolve
 from jaxdl.checkpoint import Checkpointer, abstract
-from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, validate
+from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, batch_sizes, validate
 from jaxdl.data import Dataset, Split, WorkerStreams, load_dataset
 from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError
@@ -46,18 +46,18 @@ def _setup(config: RunConfig) -> _Setup:
   validate(config)
   out = Path(config.output.out) if config.output.out else default_out(config)
   rundir.check_output(out, config.output.resume, config.output.overwrite)
-  algorithm, engine_name = resolve(config.algorithm)
+  algorithm, engine_name = resolve(config)
   data = config.data
   dataset = load_dataset(data.dataset, data_dir=data.data_dir, image_size=data.image_size)
-  batch_sizes = (data.batch_size,) * config.algorithm.workers
-  streams = WorkerStreams(dataset.train, batch_sizes, config.train.seed)
+  sizes = batch_sizes(config)
+  streams = WorkerStreams(dataset.train, sizes, config.train.seed)
   total = config.train.steps or max(1, round(config.train.epochs * streams.steps_per_epoch))
   model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
                       config.model.stem)
-  problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch))
-  engine = ENGINES.get(engine_name)(algorithm, problem, streams, config.algorithm.workers)
-  return _Setup(config, out, dataset, streams, algorithm, problem, engine, total,
-                sum(batch_sizes))
+  problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch),
+                    sync_bn=config.algorithm.sync_bn)
+  engine = ENGINES.get(engine_name)(algorithm, problem, streams, config)
+  return _Setup(config, out, dataset, streams, algorithm, problem, engine, total, sum(sizes))
 
 
 def _check_resumable(out: Path, config: RunConfig) -> None:
@@ -85,15 +85,15 @@ class Evaluator:
       images, labels = self._split.gather(np.arange(start, min(start + bs, n)))
       pad = bs - len(labels)
       mask = np.concatenate([np.ones(len(labels), np.float32), np.zeros(pad, np.float32)])
-      batch = (Batch(np.pad(images, [(0, pad)] + [(0, 0)] * (images.ndim - 1)),
-                     np.pad(labels, (0, pad))), mask)
+      batch = (np.pad(images, [(0, pad)] + [(0, 0)] * (images.ndim - 1)),
+               np.pad(labels, (0, pad)), mask)
       batches.append(batch)
       yield batch
     if n * images[0].nbytes <= 256 * 2**20:  # small test sets stay in memory
       self._cached = batches
 
   def __call__(self, params, model_state) -> dict[str, float]:
-    sums = [self._fn(params, model_state, batch, mask) for batch, mask in self._batches()]
+    sums = [self._fn(params, model_state, *batch) for batch in self._batches()]
     total = jax.device_get(jax.tree.map(lambda *xs: sum(xs), *sums))
     return {"test_accuracy": float(total["correct"] / total["count"]),
             "test_loss": float(total["loss_sum"] / total["count"])}

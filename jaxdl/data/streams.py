@@ -45,7 +45,7 @@ def partition_batch(global_batch: int,
       isinstance(s, numbers.Real) and not isinstance(s, bool)
       and math.isfinite(s) and s > 0
       for s in speeds):
-    raise ConfigError("speeds", speeds,
+    raise ConfigError("worker_speeds", speeds,
                       "one positive finite number per worker")
   if (isinstance(global_batch, bool)
       or not isinstance(global_batch, numbers.Integral)
@@ -123,3 +123,22 @@ class WorkerStreams:
     parts = [self.batch(w, step) for w in range(self.num_workers)]
     return (np.concatenate([x for x, _ in parts]),
             np.concatenate([y for _, y in parts]))
+
+  def stacked_batch(self, step: int, workers: Sequence[int] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Workers' batches at `step` (all, or those listed), padded to the largest
+    batch size and stacked.
+
+    Returns images (W, b_max, H, W, C), labels (W, b_max) and weights
+    (W, b_max): 1/B for real examples (B = sum of all batch sizes), 0 for padding.
+    """
+    b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
+    images, labels, weights = [], [], []
+    for worker in range(self.num_workers) if workers is None else workers:
+      b = self.batch_sizes[worker]
+      x, y = self.batch(worker, step)
+      pad = b_max - b
+      images.append(np.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)))
+      labels.append(np.pad(y, (0, pad)))
+      weights.append(np.where(np.arange(b_max) < b, 1.0 / total, 0.0).astype(np.float32))
+    return np.stack(images), np.stack(labels), np.stack(weights)

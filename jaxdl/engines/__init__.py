@@ -1,10 +1,11 @@
 """Engines decide when and where an algorithm's pure functions run."""
 from __future__ import annotations
 
-from jaxdl.engines.local import LocalEngine
+from jaxdl.engines.mesh import MeshEngine
 from jaxdl.registry import Registry
 
 ENGINES: Registry[type] = Registry("engine")
-ENGINES.register("local", "one worker, jitted on the default device")(LocalEngine)
+ENGINES.register("mesh", "SPMD over the device mesh: shard_map over devices, vmap "
+                 "over each device's workers")(MeshEngine)
 
-__all__ = ["ENGINES", "LocalEngine"]
+__all__ = ["ENGINES", "MeshEngine"]

@@ -12,6 +12,7 @@ import jax
 from flax import nnx
 
 from jaxdl.errors import ConfigError
+from jaxdl.models.layers import BatchNorm, BatchStats
 from jaxdl.models.simple import global_avg_pool
 
 STEMS = ("cifar", "imagenet")
@@ -21,14 +22,14 @@ _CONV_INIT = nnx.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
 def conv_bn(cin: int, cout: int, kernel: int, stride: int,
-            rngs: nnx.Rngs) -> tuple[nnx.Conv, nnx.BatchNorm]:
+            rngs: nnx.Rngs) -> tuple[nnx.Conv, BatchNorm]:
   """A bias-free convolution (BN supplies the shift) and its batch norm."""
   # Explicit torch-style padding: SAME pads unevenly at stride 2.
   pad = kernel // 2
   conv = nnx.Conv(cin, cout, (kernel, kernel), strides=stride,
                   padding=((pad, pad), (pad, pad)), use_bias=False,
                   kernel_init=_CONV_INIT, rngs=rngs)
-  bn = nnx.BatchNorm(cout, momentum=0.9, epsilon=1e-5, rngs=rngs)
+  bn = BatchNorm(cout, momentum=0.9, epsilon=1e-5, rngs=rngs)
   return conv, bn
 
 
@@ -37,7 +38,7 @@ class _Block(nnx.Module):
 
   expansion = 1
 
-  def _set_layers(self, layers: list[tuple[nnx.Conv, nnx.BatchNorm]]):
+  def _set_layers(self, layers: list[tuple[nnx.Conv, BatchNorm]]):
     # Two flat lists: nnx.List cannot hold tuples of modules.
     self.convs = nnx.List([conv for conv, _ in layers])
     self.bns = nnx.List([bn for _, bn in layers])
@@ -49,19 +50,21 @@ class _Block(nnx.Module):
     else:
       self.proj_conv = self.proj_bn = None
 
-  def _shortcut(self, x: jax.Array, train: bool) -> jax.Array:
+  def _shortcut(self, x: jax.Array, train: bool,
+                stats: BatchStats | None) -> jax.Array:
     if self.proj_conv is None:
       return x
-    return self.proj_bn(self.proj_conv(x), use_running_average=not train)
+    return self.proj_bn(self.proj_conv(x), train, stats)
 
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+  def __call__(self, x: jax.Array, train: bool = False,
+               stats: BatchStats | None = None) -> jax.Array:
     y = x
     last = len(self.convs) - 1
     for i, (conv, bn) in enumerate(zip(self.convs, self.bns)):
-      y = bn(conv(y), use_running_average=not train)
+      y = bn(conv(y), train, stats)
       if i < last:
         y = nnx.relu(y)
-    return nnx.relu(y + self._shortcut(x, train))
+    return nnx.relu(y + self._shortcut(x, train, stats))
 
 
 class BasicBlock(_Block):
@@ -115,12 +118,13 @@ class ResNet(nnx.Module):
     self.blocks = nnx.List(blocks)
     self.head = nnx.Linear(cin, num_classes, rngs=rngs)
 
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    x = nnx.relu(self.stem_bn(self.stem_conv(x), use_running_average=not train))
+  def __call__(self, x: jax.Array, train: bool = False,
+               stats: BatchStats | None = None) -> jax.Array:
+    x = nnx.relu(self.stem_bn(self.stem_conv(x), train, stats))
     if self.imagenet_stem:
       x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for block in self.blocks:
-      x = block(x, train=train)
+      x = block(x, train=train, stats=stats)
     return self.head(global_avg_pool(x))
 
 

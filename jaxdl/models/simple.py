@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxdl.models.layers import BatchStats
+
 
 def pool_if_wider(x: jax.Array, window: int = 2) -> jax.Array:
   """Max-pools ``window``x``window``, stride ``window``, unless H or W is 1.
@@ -43,8 +45,9 @@ class MLP(nnx.Module):
                             for a, b in zip(widths[:-1], widths[1:])])
     self.head = nnx.Linear(widths[-1], num_classes, rngs=rngs)
 
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    del train  # no batch norm, no dropout
+  def __call__(self, x: jax.Array, train: bool = False,
+               stats: BatchStats | None = None) -> jax.Array:
+    del train, stats  # no batch norm, no dropout
     x = x.reshape(x.shape[0], -1)
     for layer in self.hidden:
       x = nnx.relu(layer(x))
@@ -71,8 +74,9 @@ class CNN(nnx.Module):
     self.dense = nnx.Linear(hp * wp * widths[-1], dense, rngs=rngs)
     self.head = nnx.Linear(dense, num_classes, rngs=rngs)
 
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    del train  # no batch norm, no dropout
+  def __call__(self, x: jax.Array, train: bool = False,
+               stats: BatchStats | None = None) -> jax.Array:
+    del train, stats  # no batch norm, no dropout
     for conv in self.convs:
       x = pool_if_wider(nnx.relu(conv(x)))
     x = x.reshape(x.shape[0], -1)

@@ -11,6 +11,7 @@ import jax
 from flax import nnx
 
 from jaxdl.errors import ConfigError
+from jaxdl.models.layers import BatchNorm, BatchStats
 from jaxdl.models.simple import pool_if_wider, pooled_hw
 
 STEMS = ("cifar", "imagenet")
@@ -55,7 +56,7 @@ class VGG(nnx.Module):
       convs.append(nnx.Conv(cin, item, (3, 3), padding=((1, 1), (1, 1)),
                             kernel_init=_CONV_INIT, rngs=rngs))
       if batch_norm:
-        bns.append(nnx.BatchNorm(item, momentum=0.9, epsilon=1e-5, rngs=rngs))
+        bns.append(BatchNorm(item, momentum=0.9, epsilon=1e-5, rngs=rngs))
       pool_after.append(False)
       cin = item
     self.convs, self.bns = nnx.List(convs), nnx.List(bns)
@@ -68,11 +69,12 @@ class VGG(nnx.Module):
     self.head = nnx.List([nnx.Linear(a, b, rngs=rngs)
                           for a, b in zip(widths[:-1], widths[1:])])
 
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+  def __call__(self, x: jax.Array, train: bool = False,
+               stats: BatchStats | None = None) -> jax.Array:
     for i, conv in enumerate(self.convs):
       x = conv(x)
       if self.bns:
-        x = self.bns[i](x, use_running_average=not train)
+        x = self.bns[i](x, train, stats)
       x = nnx.relu(x)
       if self.pool_after[i]:
         x = pool_if_wider(x)

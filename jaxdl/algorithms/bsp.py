@@ -1,0 +1,96 @@
+"""BSP: bulk synchronous parallel SGD with a (sharded) parameter server.
+
+Each step every worker pulls w_t, computes g_m on its batch, and pushes it;
+the server waits for all M, then applies w_{t+1} = w_t - lr * u(sum_m (b_m/B) g_m)
+with ONE optimizer state (IPDPS'21, Ko et al. 2021, "BSP").
+
+The server's parameters and optimizer state live flattened and split over the
+workers: a pull is an all-gather, a push a reduce-scatter, and each slice's
+update runs where the slice lives. Server shard s of --servers k owns the M/k
+consecutive slices of workers s*M/k ... (s+1)*M/k - 1, i.e. 1/k of the
+parameters and optimizer state. Because the server updates flat slices, the
+optimizer must act elementwise (sgd, adam, adamw, rmsprop, ...); layer-wise
+ones (lamb, lars, adafactor, ...) need ar_sgd.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from jaxdl.algorithms.base import Algorithm, Problem, mean_over_workers
+from jaxdl.errors import ConfigError
+
+# Optimizers whose update of one coordinate reads only that coordinate.
+LAYERWISE_OPTIMIZERS = frozenset({"lamb", "lars", "adafactor", "fromage", "novograd"})
+
+
+class BSPState(NamedTuple):
+  server_params: jax.Array  # (P_pad / M,): this worker's slice of the server's flat parameters
+  server_opt_state: Any     # the optimizer state of that slice
+  model_state: Any          # this worker's batch-norm statistics
+
+
+def _flat_layout(problem: Problem, num_workers: int):
+  """(number of parameters, padded length divisible by M, unravel)."""
+  shapes = jax.eval_shape(lambda: problem.model.init(jax.random.key(0))[0])
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  flat, unravel = ravel_pytree(zeros)
+  size = flat.size
+  return size, math.ceil(size / num_workers) * num_workers, unravel
+
+
+def _pad(flat: jax.Array, length: int) -> jax.Array:
+  return jnp.pad(flat, (0, length - flat.size))
+
+
+def init(problem: Problem, cfg, key, worker, num_workers) -> BSPState:
+  del cfg
+  params, model_state = problem.model.init(key)
+  size, padded, _ = _flat_layout(problem, num_workers)
+  chunk = padded // num_workers
+  flat = _pad(ravel_pytree(params)[0], padded)
+  server_params = lax.dynamic_slice(flat, (worker * chunk,), (chunk,))
+  return BSPState(server_params, problem.optimizer.init(server_params), model_state)
+
+
+def step(problem: Problem, cfg, state: BSPState, batch, step, axis):
+  del cfg, step
+  size, padded, unravel = _flat_layout(problem, axis.size)
+  params = unravel(axis.all_gather(state.server_params).reshape(-1)[:size])  # pull
+  grads, model_state, metrics = problem.gradients(params, state.model_state, batch, axis)
+  grad_slice = axis.psum_scatter(_pad(ravel_pytree(grads)[0], padded))    # push
+  updates, opt_state = problem.optimizer.update(grad_slice, state.server_opt_state,
+                                                state.server_params)
+  return BSPState(optax.apply_updates(state.server_params, updates), opt_state,
+                  model_state), metrics
+
+
+def evaluated(problem: Problem, cfg, states: BSPState):
+  """The server's parameters with the workers' mean batch-norm statistics."""
+  del cfg
+  num_workers = states.server_params.shape[0]
+  size, _, unravel = _flat_layout(problem, num_workers)
+  return unravel(states.server_params.reshape(-1)[:size]), mean_over_workers(states.model_state)
+
+
+def check(cfg) -> None:
+  workers, servers = cfg.algorithm.workers, cfg.cluster.servers
+  if servers < 1 or servers > workers or workers % servers:
+    raise ConfigError("servers", servers, f"a divisor of --workers {workers}")
+  if cfg.optim.optimizer in LAYERWISE_OPTIMIZERS:
+    raise ConfigError("optimizer", cfg.optim.optimizer,
+                      "an elementwise optimizer for bsp, whose server updates flat "
+                      "slices (use --algorithm ar_sgd for layer-wise ones)")
+
+
+ALGORITHM = Algorithm(
+    name="bsp", init=init, step=step, evaluated=evaluated,
+    # every worker pushes a gradient and pulls the parameters
+    bytes_per_step=lambda cfg, model_bytes, m: 2.0 * m * model_bytes,
+    engines=("mesh",), check=check)
