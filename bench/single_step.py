@@ -20,10 +20,11 @@ from flax import nnx
 
 from bench.timing import interleaved, machine, report
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem
-from jaxdl.config import OptimConfig
-from jaxdl.engines import LocalEngine
+from jaxdl.config import RunConfig
+from jaxdl.data import WorkerStreams
+from jaxdl.data.sources import load_synthetic
+from jaxdl.engines import MeshEngine
 from jaxdl.models import MODELS, build_model
-from jaxdl.models.base import Model
 from jaxdl.optim import make_optimizer
 
 
@@ -70,15 +71,20 @@ def bench_case(case: str, args: Args) -> float:
   images = jax.device_put(rng.normal(size=(batch, *image_shape)).astype(np.float32))
   labels = jax.device_put(rng.integers(0, 10, batch).astype(np.int32))
 
-  optimizer = make_optimizer(OptimConfig(lr=0.01, schedule="constant"), 10**6, 100)
-  problem = Problem(build_model(name, 10, image_shape), optimizer)
-  engine = LocalEngine(ALGORITHMS.get("sgd"), problem, streams=None, num_workers=1)
+  config = RunConfig.make(model=name, lr=0.01, schedule="constant", batch_size=batch)
+  problem = Problem(build_model(name, 10, image_shape),
+                    make_optimizer(config.optim, 10**6, 100))
+  streams = WorkerStreams(load_synthetic(image_shape, 10, train_size=batch, test_size=1).train,
+                          (batch,), seed=0)
+  engine = MeshEngine(ALGORITHMS.get("sgd"), problem, streams, config)
   jaxdl_state = [engine.init(jax.random.key(0))]
-  batch_ = Batch(images, labels)
+  put = lambda x: jax.device_put(x[None], engine.sharded)
+  jaxdl_batch = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))
+  step_index = jax.numpy.int32(0)
 
   def run_jaxdl(n):
     for _ in range(n):
-      jaxdl_state[0], metrics = engine.jitted_step(jaxdl_state[0], batch_)
+      jaxdl_state[0], metrics = engine.jitted_step(jaxdl_state[0], jaxdl_batch, step_index)
     jax.block_until_ready(metrics)
 
   step, hand_state = hand_written_step(name, image_shape, 10, 0.01)

@@ -71,7 +71,10 @@ class MeshEngine:
 
     self.jitted_step = jax.jit(jax.shard_map(
         device_step, mesh=self.mesh, in_specs=(P(DEVICE_AXIS), P(DEVICE_AXIS), P()),
-        out_specs=(P(DEVICE_AXIS), P()), check_vma=False), donate_argnums=0)
+        out_specs=(P(DEVICE_AXIS), P()), check_vma=False),
+        # Explicit, so the state comes back exactly as it went in (on one
+        # device XLA would otherwise simplify some specs and force a retrace).
+        out_shardings=(self.sharded, self.replicated), donate_argnums=0)
     self._evaluated = jax.jit(functools.partial(algorithm.evaluated, problem, config),
                               out_shardings=self.replicated)
 
