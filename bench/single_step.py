@@ -78,13 +78,12 @@ def bench_case(case: str, args: Args) -> float:
                           (batch,), seed=0)
   engine = MeshEngine(ALGORITHMS.get("sgd"), problem, streams, config)
   jaxdl_state = [engine.init(jax.random.key(0))]
-  put = lambda x: jax.device_put(x[None], engine.sharded)
+  put = lambda x: jax.device_put(x, engine.sharded)
   jaxdl_batch = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))
-  step_index = jax.numpy.int32(0)
 
   def run_jaxdl(n):
     for _ in range(n):
-      jaxdl_state[0], metrics = engine.jitted_step(jaxdl_state[0], jaxdl_batch, step_index)
+      jaxdl_state[0], metrics = engine.jitted_step(jaxdl_state[0], jaxdl_batch)
     jax.block_until_ready(metrics)
 
   step, hand_state = hand_written_step(name, image_shape, 10, 0.01)

@@ -55,9 +55,11 @@ def test_padding_does_not_change_batch_norm_with_sync_bn():
 def test_local_sgd_with_period_one_and_plain_sgd_is_ar_sgd():
   base = dict(workers=4, model="mlp", schedule="constant", lr=0.1, momentum=0.0,
               communication_period=1)
-  local, _ = train(make_engine(RunConfig.make(algorithm="local_sgd", **base)), 10)
-  ar, _ = train(make_engine(RunConfig.make(algorithm="ar_sgd", **base)), 10)
-  for x, y in zip(leaves(local.params), leaves(ar.params)):
+  local = make_engine(RunConfig.make(algorithm="local_sgd", **base))
+  ar = make_engine(RunConfig.make(algorithm="ar_sgd", **base))
+  local_params = local.worker_states(train(local, 10)[0]).params
+  ar_params = ar.worker_states(train(ar, 10)[0]).params
+  for x, y in zip(leaves(local_params), leaves(ar_params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
@@ -66,10 +68,10 @@ def test_local_sgd_workers_diverge_between_averagings_and_agree_after():
                           communication_period=3, schedule="constant")
   engine = make_engine(config)
   state, _ = train(engine, 2)
-  w = leaves(state.params)[0]
+  w = leaves(engine.worker_states(state).params)[0]
   assert not np.allclose(w[0], w[1])  # two local steps: the replicas differ
   state, _ = train(engine, 3)
-  for w in leaves(state.params):
+  for w in leaves(engine.worker_states(state).params):
     np.testing.assert_allclose(w[0], w[3], rtol=1e-6)  # averaged after step 3
 
 
