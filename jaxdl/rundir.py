@@ -75,3 +75,14 @@ class MetricsLog:
   def close(self) -> None:
     self._file.close()
     self._tb.close()
+
+
+class NullLog:
+  """The metrics log of processes other than the first: writes nothing."""
+  last: dict[str, Any] = {}
+
+  def write(self, record: dict[str, Any]) -> None:
+    del record
+
+  def close(self) -> None:
+    pass

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdl import rundir
+from jaxdl import distributed, rundir
 from jaxdl.algorithms import Algorithm, Problem, resolve
 from jaxdl.checkpoint import Checkpointer, abstract
 from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, batch_sizes, validate
@@ -44,8 +44,10 @@ class _Setup:
 def _setup(config: RunConfig) -> _Setup:
   """Validates everything that can fail on bad input; writes nothing."""
   validate(config)
+  distributed.initialize(config.distributed)
   out = Path(config.output.out) if config.output.out else default_out(config)
-  rundir.check_output(out, config.output.resume, config.output.overwrite)
+  if distributed.is_main():
+    rundir.check_output(out, config.output.resume, config.output.overwrite)
   algorithm, engine_name = resolve(config)
   data = config.data
   dataset = load_dataset(data.dataset, data_dir=data.data_dir, image_size=data.image_size)
@@ -112,11 +114,12 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
   resuming = resume and (out / rundir.CONFIG).exists()
   if resuming:
     _check_resumable(out, config)
-  if config.output.overwrite or (resume and not resuming):
-    if out.exists():
-      rundir.clear_run_files(out)
-  out.mkdir(parents=True, exist_ok=True)
-  rundir.write_json(out / rundir.CONFIG, config.to_dict())
+  if distributed.is_main():  # the other processes only take part in checkpoints
+    if config.output.overwrite or (resume and not resuming):
+      if out.exists():
+        rundir.clear_run_files(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rundir.write_json(out / rundir.CONFIG, config.to_dict())
   return _Training(setup, resuming).run()
 
 
@@ -138,7 +141,8 @@ class _Training:
       if restored is not None:
         self.state, meta = restored
         self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
-    self.log = rundir.MetricsLog(setup.out, self.start if resuming else None)
+    self.log = (rundir.MetricsLog(setup.out, self.start if resuming else None)
+                if distributed.is_main() else rundir.NullLog())
     self.evaluator = Evaluator(setup.problem, setup.dataset.test)
     self.last_eval: dict[str, float] = {}
     self.last_train = {"loss": self.log.last.get("train_loss", float("nan"))}
@@ -151,7 +155,8 @@ class _Training:
     s, c = self.s, self.s.config.train
     self.t0 = time.perf_counter()
     bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
-               disable=not s.config.output.progress, desc=s.algorithm.name)
+               disable=not (s.config.output.progress and distributed.is_main()),
+               desc=s.algorithm.name)
     pending, window_t, window_step = [], self._elapsed(), self.start
     try:
       for step in range(self.start, s.total_steps):
@@ -220,5 +225,6 @@ class _Training:
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         **s.engine.info(),
     }
-    rundir.write_json(s.out / rundir.SUMMARY, summary)
+    if distributed.is_main():
+      rundir.write_json(s.out / rundir.SUMMARY, summary)
     return summary

@@ -97,3 +97,16 @@ def test_default_run_reaches_95_percent_on_digits_in_a_minute(tmp_path):
   assert summary["dataset"] == "digits"
   assert summary["test_accuracy"] >= 0.95
   assert summary["wall_time_s"] < 60
+
+
+@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd"])
+def test_synchronous_runs_report_their_layout_and_traffic(tmp_path, algorithm):
+  summary = jaxdl.run(RunConfig.make(out=str(tmp_path / algorithm), algorithm=algorithm,
+                                     workers=16, batch_size=4, **QUICK))
+  assert summary["devices"] == 8 and summary["workers_per_device"] == 2
+  assert summary["engine"] == "mesh" and summary["workers"] == 16
+  model_bytes = 4 * summary["num_params"]
+  expected = {"bsp": 2 * 16 * model_bytes, "ar_sgd": 2 * 15 * model_bytes,
+              "local_sgd": 2 * 15 * model_bytes / 4}[algorithm]
+  assert summary["bytes_communicated_per_step"] == pytest.approx(expected)
+  assert summary["test_accuracy"] > 0.5
