@@ -14,10 +14,29 @@ commands:
 """
 
 
+# Flags that take several values: "--batch-sizes 32,48,48" reads as "32 48 48".
+LIST_FLAGS = ("--batch-sizes", "--worker-speeds", "--lr-milestones")
+
+
+def _split_lists(args: list[str]) -> list[str]:
+  out: list[str] = []
+  for arg in args:
+    flag, eq, value = arg.partition("=")
+    if eq and flag in LIST_FLAGS:
+      out += [flag, *value.split(",")]
+    elif out and out[-1] in LIST_FLAGS and "," in arg:
+      out += [v for v in arg.split(",") if v]
+    else:
+      out.append(arg)
+  return out
+
+
 def _parse_run_config(args: list[str]):
   import tyro
 
   from jaxdl.config import RunConfig
+
+  args = _split_lists(args)
 
   def parse(default: RunConfig) -> RunConfig:
     return tyro.cli(RunConfig, args=args, default=default, prog="jaxdl run",

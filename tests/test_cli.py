@@ -147,3 +147,11 @@ def test_progress_bar_shows_loss_accuracy_and_throughput(tmp_path, capsys):
   assert main(["run", "--out", str(tmp_path / "r"), "--model", "mlp", "--epochs", "1"]) == 0
   err = capsys.readouterr().err
   assert "loss=" in err and "acc=" in err and "samples_s=" in err and "44/44" in err
+
+
+def test_list_flags_take_commas_or_spaces():
+  from jaxdl.cli import _parse_run_config
+  for args in (["--batch-sizes", "32,48,48"], ["--batch-sizes=32,48,48"],
+               ["--batch-sizes", "32", "48", "48"]):
+    assert _parse_run_config(args).data.batch_sizes == (32, 48, 48)
+  assert _parse_run_config(["--worker-speeds", "1,1.5"]).cluster.worker_speeds == (1.0, 1.5)
