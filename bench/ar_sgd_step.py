@@ -13,8 +13,9 @@
 Runs on 8 CPU devices (--xla_force_host_platform_device_count=8, set here
 before jax is imported unless XLA_FLAGS already sets a device count).
 
-  python -m bench.ar_sgd_step                     # cnn 28x28 and mlp 8x8, global batch 256
-  python -m bench.ar_sgd_step --cases cnn:28:256 --rounds 9
+  python -m bench.ar_sgd_step                 # cnn 28x28 and mlp 8x8, global batch 256
+  python -m bench.ar_sgd_step --metrics-arm   # + the hand step doing jaxdl's metrics
+  python -m bench.ar_sgd_step --cases cnn:28:256 --devices 8 --rounds 9
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from typing import Callable  # noqa: E402
 
 import flax  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import tyro  # noqa: E402
@@ -61,10 +63,13 @@ class Args:
   the one jaxdl runs on against the hand-written step."""
   steps: int | None = None
   """Steps per arm per round; unset: as many as take about --round-seconds."""
-  round_seconds: float = 1.0
+  round_seconds: float = 0.5
   """Target length of one arm's round when --steps is unset."""
-  rounds: int = 7
+  rounds: int = 25
   """Rounds; each arm's figure is its median over rounds."""
+  metrics_arm: bool = False
+  """Also time the hand-written step doing jaxdl's extra work (per-example weights
+  in, accuracy out), to tell that work's cost from the engine's."""
   in_flight: int = MeshEngine.MAX_IN_FLIGHT
   """Steps left running while the host dispatches the next, in both arms (as
   MeshEngine.step; 0: wait on every step). Bounded: many collectives in flight
@@ -119,69 +124,87 @@ class JaxdlArm:
 class HandArm:
   """The data-parallel step written by hand: shard_map over the mesh, per-device
   loss on the device's rows of the batch, pmean of the gradients, replicated
-  parameters and optimizer state (so every device applies the same update)."""
+  parameters and optimizer state (so every device applies the same update).
+
+  With `metrics`, the step also does what jaxdl's step does beyond the update:
+  takes per-example weights, and returns the accuracy beside the loss.
+  """
 
   def __init__(self, name: str, image_shape, images: np.ndarray, labels: np.ndarray,
-               mesh: jax.sharding.Mesh, start_params=None):
+               mesh: jax.sharding.Mesh, start_params=None, metrics: bool = False):
     (axis,) = mesh.axis_names
     module = MODELS.get(name)(image_shape, NUM_CLASSES, "auto",
                               rngs=nnx.Rngs(params=jax.random.key(SEED)))
     graphdef, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
     params, stats = nnx.to_pure_dict(params), nnx.to_pure_dict(stats)
-    if start_params is not None:
-      # The same random numbers as jaxdl's jitted init, but computed op by op
-      # they differ in the last bit; start from jaxdl's so the check is exact.
-      params = jax.tree.map(np.asarray, start_params)
+    # Jaxdl's jitted init draws the same random numbers, but op by op they come
+    # out different in the last bit: start from jaxdl's so the check is exact.
+    # Host copies either way, so donation never deletes the module's arrays.
+    params = jax.tree.map(np.asarray, params if start_params is None else start_params)
     tx = optax.sgd(LR, momentum=0.9)
 
-    def device_step(params, stats, opt_state, images, labels):
+    def device_step(params, stats, opt_state, images, labels, *weights):
       def loss_fn(params):
         _, param_state, stat_state = nnx.split(module, nnx.Param, nnx.BatchStat)
         nnx.replace_by_pure_dict(param_state, params)
         nnx.replace_by_pure_dict(stat_state, stats)
         model = nnx.merge(graphdef, param_state, stat_state, copy=True)
         logits = model(images, train=True)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-        return loss, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        new_stats = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+        if not metrics:
+          return losses.mean(), (losses.mean(), new_stats)
+        (w,) = weights  # 1 / global batch: sums over devices are global means
+        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+        loss = jnp.sum(losses * w) * mesh.size  # this device's mean, as above
+        return loss, ({"loss": jnp.sum(losses * w), "accuracy": jnp.sum(correct * w)},
+                      new_stats)
       # Differentiate varying copies: the gradient of the replicated (invariant)
       # parameters would come back already summed over the axis.
       local = jax.lax.pcast(params, axis, to="varying")
-      (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(local)
+      (_, (out, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(local)
       grads = jax.lax.pmean(grads, axis)
       stats = jax.lax.pmean(stats, axis)  # none in cnn and mlp
       updates, opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), stats, opt_state,
-              jax.lax.pmean(loss, axis))
+      out = jax.lax.psum(out, axis) if metrics else jax.lax.pmean(out, axis)
+      return optax.apply_updates(params, updates), stats, opt_state, out
 
+    batch_specs = (P(axis),) * (3 if metrics else 2)
     self._step = jax.jit(jax.shard_map(
-        device_step, mesh=mesh, in_specs=(P(), P(), P(), P(axis), P(axis)),
+        device_step, mesh=mesh, in_specs=(P(), P(), P(), *batch_specs),
         out_specs=P(), check_vma=True), donate_argnums=(0, 1, 2))
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
     self.state = jax.device_put([params, stats, tx.init(params)], replicated)
-    self.images, self.labels = jax.device_put((images, labels), rows)
+    batch = (images, labels) + ((np.full(len(labels), 1 / len(labels), np.float32),)
+                                if metrics else ())
+    self.batch = jax.device_put(batch, rows)
+    self.metrics = metrics
 
   def step(self) -> jax.Array:
-    *self.state, loss = self._step(*self.state, self.images, self.labels)
-    return loss
+    *self.state, out = self._step(*self.state, *self.batch)
+    return out["loss"] if self.metrics else out
 
   def params(self):
     return jax.device_get(self.state[0])
 
 
-def check(jaxdl: JaxdlArm, hand: HandArm, args: Args) -> bool:
-  """Both arms take the same steps from the same start; their losses must agree."""
-  start = max(float(np.max(np.abs(a - b)))
-              for a, b in zip(jax.tree.leaves(jaxdl.params()), jax.tree.leaves(hand.params())))
-  losses = [(float(jaxdl.step()), float(hand.step())) for _ in range(args.check_steps)]
-  diff = max(abs(a - b) for a, b in losses)
-  end = max(float(np.max(np.abs(a - b)))
-            for a, b in zip(jax.tree.leaves(jaxdl.params()), jax.tree.leaves(hand.params())))
-  ok = start == 0 and diff <= args.check_tol
-  print(f"check: {args.check_steps} identical steps from identical parameters "
-        f"(max |diff| {start:.1e}): losses jaxdl {losses[-1][0]:.6f}, hand-written "
-        f"{losses[-1][1]:.6f}, max |diff| over the steps {diff:.1e} (tol "
-        f"{args.check_tol:.0e}), max |param diff| after {end:.1e}: "
-        f"{'OK' if ok else 'FAILED'}")
+def check(jaxdl: JaxdlArm, hands: dict[str, HandArm], args: Args) -> bool:
+  """All arms take the same steps from the same start; their losses must agree."""
+  def param_diff(hand):
+    return max(float(np.max(np.abs(a - b))) for a, b in
+               zip(jax.tree.leaves(jaxdl.params()), jax.tree.leaves(hand.params())))
+  start = {name: param_diff(hand) for name, hand in hands.items()}
+  losses = [(float(jaxdl.step()), {name: float(hand.step()) for name, hand in hands.items()})
+            for _ in range(args.check_steps)]
+  ok = True
+  for name, hand in hands.items():
+    diff = max(abs(ours - theirs[name]) for ours, theirs in losses)
+    passed = start[name] == 0 and diff <= args.check_tol
+    ok &= passed
+    print(f"check: jaxdl and {name}, {args.check_steps} identical steps from identical "
+          f"parameters: last losses {losses[-1][0]:.6f} and {losses[-1][1][name]:.6f}, "
+          f"max |loss diff| {diff:.1e} (tol {args.check_tol:.0e}), max |param diff| "
+          f"after {param_diff(hand):.1e}: {'OK' if passed else 'FAILED'}")
   return ok
 
 
@@ -195,7 +218,7 @@ def steps_for(runs, args: Args) -> int:
     start = time.perf_counter()
     run(2)
     slowest = max(slowest, (time.perf_counter() - start) / 2)
-  return int(min(500, max(3, round(args.round_seconds / slowest))))
+  return int(min(500, max(2, round(args.round_seconds / slowest))))
 
 
 def bench_case(case: str, args: Args) -> tuple[float, bool]:
@@ -210,17 +233,25 @@ def bench_case(case: str, args: Args) -> tuple[float, bool]:
   counts = sorted(args.devices)
   jaxdl = {d: JaxdlArm(name, image_shape, images, labels, d) for d in counts}
   top = counts[-1]
-  hand = HandArm(name, image_shape, images, labels, jaxdl[top].engine.mesh,
-                 start_params=jaxdl[top].params())
-  ok = check(jaxdl[top], hand, args)
+  hand, jaxdl_arm, metrics = ("hand-written shard_map step", "jaxdl ar_sgd step",
+                              "hand-written + metrics")
+  hands = {hand: HandArm(name, image_shape, images, labels, jaxdl[top].engine.mesh,
+                         start_params=jaxdl[top].params())}
+  if args.metrics_arm:
+    hands[metrics] = HandArm(name, image_shape, images, labels, jaxdl[top].engine.mesh,
+                             start_params=jaxdl[top].params(), metrics=True)
+  ok = check(jaxdl[top], hands, args)
 
-  runs = {"hand-written shard_map step": bounded(hand.step, args.in_flight),
-          "jaxdl ar_sgd step": bounded(jaxdl[top].step, args.in_flight)}
+  runs = {hand: bounded(hands[hand].step, args.in_flight),
+          jaxdl_arm: bounded(jaxdl[top].step, args.in_flight)}
+  runs.update({n: bounded(a.step, args.in_flight) for n, a in hands.items() if n != hand})
   steps = steps_for(runs.values(), args)
   times = interleaved(runs, steps, args.rounds)
   ratio = report(f"{title}, {top} workers on {top} devices ({batch // top} per worker), "
-                 f"{steps} steps x {args.rounds} rounds", times,
-                 baseline="hand-written shard_map step")
+                 f"{steps} steps x {args.rounds} rounds", times, baseline=hand)
+  if args.metrics_arm:
+    print(f"ratio jaxdl / {metrics}: "
+          f"{statistics.median(times[jaxdl_arm]) / statistics.median(times[metrics]):.3f}")
 
   runs = {d: bounded(jaxdl[d].step, args.in_flight) for d in counts}
   steps = steps_for(runs.values(), args)

@@ -73,7 +73,9 @@ class AlgorithmConfig:
   engine: str = "auto"
   """Engine that runs the algorithm: auto picks the algorithm's first."""
   communication_period: int = 4
-  """Local steps between model averagings (local_sgd; H in the papers)."""
+  """Local steps between communications: model averaging (local_sgd, H) or elastic exchange (easgd, tau)."""
+  staleness_bound: int = 3
+  """SSP's bound s: a worker may start iteration c once the slowest has finished c - s."""
   sync_bn: bool = False
   """Batch-norm statistics over all workers' batches instead of each worker's own."""
 
@@ -84,7 +86,21 @@ class ClusterConfig:
   worker_speeds: tuple[float, ...] | None = None
   """Relative speed per worker: the global batch (M x --batch-size) is split in proportion."""
   servers: int = 1
-  """Parameter-server shards k (bsp): each owns 1/k of the parameters and optimizer state."""
+  """Parameter-server shards k: each owns 1/k of the parameters and optimizer state, and has its own link."""
+  cluster: str = "cpu"
+  """Device profile of the simulated workers, optionally with a count: cpu, titan-v, v100, a100, h100, h200, 24x titan-v."""
+  network: str = "10gbps"
+  """Bandwidth of every simulated link, e.g. 10gbps, 56gbps, 100mbps."""
+  latency: float = 5e-5
+  """Seconds per simulated message."""
+  compute_time: float | None = None
+  """Seconds per batch on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster."""
+  jitter: float = 0.0
+  """Sigma of the lognormal (mean 1) factor on every simulated compute time."""
+  straggler_prob: float = 0.0
+  """Probability that a simulated iteration straggles."""
+  straggler_slowdown: float = 4.0
+  """How many times longer a straggling iteration takes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +144,10 @@ class OutputConfig:
   """Replace the run files in a non-empty --out."""
   progress: bool = True
   """Show a progress bar."""
+  dry_run: bool = False
+  """sim engine: simulate the schedule only (no math) and report its timing."""
+  replay: str | None = None
+  """sim engine: run the math along this recorded trace.jsonl instead of a new schedule."""
   config: str | None = None
   """Start from this config.json (e.g. a run's); flags given beside it override its values."""
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from jaxdl.errors import ConfigError
 
-CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD = (
-    "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb")
-RUN_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, CHECKPOINTS + ".corrupt", TENSORBOARD)
+CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD, TRACE = (
+    "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb", "trace.jsonl")
+RUN_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, CHECKPOINTS + ".corrupt", TENSORBOARD,
+             TRACE)
 
 
 def check_output(out: Path, resume: bool, overwrite: bool) -> None:

@@ -58,7 +58,7 @@ def _setup(config: RunConfig) -> _Setup:
                       config.model.stem)
   problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch),
                     sync_bn=config.algorithm.sync_bn)
-  engine = ENGINES.get(engine_name)(algorithm, problem, streams, config)
+  engine = ENGINES.get(engine_name)(algorithm, problem, streams, config, total)
   return _Setup(config, out, dataset, streams, algorithm, problem, engine, total, sum(sizes))
 
 
@@ -166,7 +166,7 @@ class _Training:
         evaluate = done % self.eval_every == 0 or done == s.total_steps
         if done % c.log_every == 0 or evaluate or done == s.total_steps:
           # Fetching the metrics also bounds how far dispatch runs ahead.
-          self.last_train = {k: float(np.mean(v)) for k, v in
+          self.last_train = {k: float(np.nanmean(v)) for k, v in
                              jax.device_get(jax.tree.map(lambda *x: list(x), *pending)).items()}
           pending = []
           if evaluate:
@@ -226,5 +226,7 @@ class _Training:
         **s.engine.info(),
     }
     if distributed.is_main():
+      if hasattr(s.engine, "write_trace"):
+        s.engine.write_trace(s.out / rundir.TRACE)
       rundir.write_json(s.out / rundir.SUMMARY, summary)
     return summary

@@ -4,10 +4,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxdl.algorithms import ALGORITHMS, Problem
+from jaxdl.algorithms import Problem, resolve
 from jaxdl.config import RunConfig, batch_sizes
 from jaxdl.data import WorkerStreams, load_dataset
-from jaxdl.engines import MeshEngine
+from jaxdl.engines import ENGINES
 from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
 
@@ -27,11 +27,13 @@ class ConcatenatedStreams:
     return images[real][None], labels[real][None], weights[real][None]
 
 
-def make_engine(config: RunConfig, streams=None) -> MeshEngine:
+def make_engine(config: RunConfig, streams=None, total_steps: int = 60):
+  """The engine `config` names, on digits, ready for `total_steps` steps."""
   streams = streams or WorkerStreams(DIGITS.train, batch_sizes(config), config.train.seed)
   model = build_model(config.model.model, DIGITS.num_classes, DIGITS.image_shape)
   problem = Problem(model, make_optimizer(config.optim, 1000, 40), config.algorithm.sync_bn)
-  return MeshEngine(ALGORITHMS.get(config.algorithm.algorithm), problem, streams, config)
+  algorithm, engine = resolve(config)
+  return ENGINES.get(engine)(algorithm, problem, streams, config, total_steps)
 
 
 def train(engine: MeshEngine, steps: int, key: int = 0):

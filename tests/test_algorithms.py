@@ -17,9 +17,11 @@ STEPS = 30
 
 
 def _config(name: str, engine: str) -> RunConfig:
+  # Plain SGD: with momentum 0.9 at this rate, asp's stale updates diverge
+  # (asynchrony acts as extra momentum), which is the algorithm, not a bug.
   workers = ALGORITHMS.get(name).max_workers or 4
   return RunConfig.make(algorithm=name, engine=engine, workers=workers, model="mlp",
-                        batch_size=16, lr=0.05, schedule="constant")
+                        batch_size=16, lr=0.1, momentum=0.0, schedule="constant")
 
 
 @pytest.mark.parametrize("name,engine", CASES)
@@ -43,7 +45,8 @@ def test_common(name, engine):
     np.testing.assert_array_equal(x, y)
 
   # no recompilation after the first step
-  assert first.jitted_step._cache_size() == 1
+  for jitted in first.jitted_functions():
+    assert jitted._cache_size() == 1, jitted
 
   # the evaluated model has the model's parameter structure
   params, _ = first.evaluated(state)

@@ -1,7 +1,7 @@
 """The algorithm registry: one module per algorithm, found by name."""
 from __future__ import annotations
 
-from jaxdl.algorithms import ar_sgd, bsp, local_sgd
+from jaxdl.algorithms import ar_sgd, asp, bsp, local_sgd
 from jaxdl.algorithms.base import Algorithm, Batch, Problem, TrainState
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.errors import ConfigError
@@ -15,6 +15,9 @@ ALGORITHMS.register("ar_sgd", "synchronous all-reduce SGD, a replica per worker"
     ar_sgd.ALGORITHM)
 ALGORITHMS.register("local_sgd", "local steps, then model averaging every "
                     "--communication-period steps")(local_sgd.ALGORITHM)
+ALGORITHMS.register("asp", "asynchronous parameter server: every push applied on "
+                    "arrival")(asp.ASP)
+ALGORITHMS.register("ssp", "stale synchronous parallel: asp with --staleness-bound")(asp.SSP)
 
 
 def resolve(config) -> tuple[Algorithm, str]:

@@ -90,21 +90,38 @@ def mean_over_workers(stacked):
 class Algorithm:
   """A registry entry: an algorithm's pure functions and its declared policy.
 
-  Collective shape (run by the mesh engine, and the sim engine later):
+  Every shape:
     init(problem, cfg, key, worker, num_workers) -> one worker's state
-    step(problem, cfg, state, batch, step, axis) -> (state, metric shares)
-      `step` is the global step (the same on every worker); collectives go
-      through `axis`, a WorkerAxis.
-    evaluated(problem, cfg, states) -> (params, model_state) evaluated, from
-      the states stacked over workers.
     bytes_per_step(cfg, model_bytes, num_workers) -> bytes all workers send
-      in one step, for the summary and the cost model.
+      per step (a step is one iteration of every worker), for the summary
+    check(cfg) raises a ConfigError on bad policy values.
+
+  "collective" (bsp, ar_sgd, local_sgd; run by the mesh engine):
+    step(problem, cfg, state, batch, step, axis) -> (state, metric shares)
+      `step` is the global step; collectives go through `axis`, a WorkerAxis.
+    evaluated(problem, cfg, workers) -> (params, model_state) evaluated, from
+      the worker states stacked over workers.
+
+  "centralized" (asp, ssp, ...; run by the sim engine in a schedule's order):
+    init_server(problem, cfg, key) -> server state
+    pull(problem, cfg, server, worker) -> worker      (worker reads w)
+    compute(problem, cfg, worker, batch, axis) -> (worker, metric shares)
+    apply(problem, cfg, server, worker) -> server     (server applies a push)
+    evaluated(problem, cfg, server, workers) -> (params, model_state)
   """
   name: str
   init: Callable[..., Any]
-  step: Callable[..., tuple[Any, Metrics]]
   evaluated: Callable[..., tuple[Any, Any]]
   bytes_per_step: Callable[[Any, int, int], float]
   engines: tuple[str, ...]
+  shape: str = "collective"
+  step: Callable[..., tuple[Any, Metrics]] | None = None
+  init_server: Callable[..., Any] | None = None
+  pull: Callable[..., Any] | None = None
+  compute: Callable[..., tuple[Any, Metrics]] | None = None
+  apply: Callable[..., Any] | None = None
   max_workers: int | None = None
   check: Callable[[Any], None] = lambda cfg: None  # raises ConfigError on bad policy
+  # The declared policy as a timing schedule: (cost model, iterations per
+  # worker, cfg) -> jaxdl.sim.Schedule, for the sim engine and --dry-run.
+  schedule: Callable[..., Any] | None = None

@@ -126,15 +126,20 @@ class WorkerStreams:
 
   def stacked_batch(self, step: int, workers: Sequence[int] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Workers' batches at `step` (all, or those listed), padded to the largest
-    batch size and stacked.
+    """Workers' batches at `step` (all workers, or those listed), padded to the
+    largest batch size and stacked; see `stacked_batches`."""
+    workers = range(self.num_workers) if workers is None else workers
+    return self.stacked_batches([(w, step) for w in workers])
 
-    Returns images (W, b_max, H, W, C), labels (W, b_max) and weights
-    (W, b_max): 1/B for real examples (B = sum of all batch sizes), 0 for padding.
+  def stacked_batches(self, pairs: Sequence[tuple[int, int]]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batches of (worker, step) pairs, padded to the largest batch size
+    and stacked: images (N, b_max, H, W, C), labels (N, b_max) and weights
+    (N, b_max), 1/B for real examples (B = sum of all batch sizes), 0 for padding.
     """
     b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
     images, labels, weights = [], [], []
-    for worker in range(self.num_workers) if workers is None else workers:
+    for worker, step in pairs:
       b = self.batch_sizes[worker]
       x, y = self.batch(worker, step)
       pad = b_max - b

@@ -53,7 +53,9 @@ class MeshEngine:
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
   MAX_IN_FLIGHT = 4
 
-  def __init__(self, algorithm: Algorithm, problem: Problem, streams: WorkerStreams, config):
+  def __init__(self, algorithm: Algorithm, problem: Problem, streams: WorkerStreams, config,
+               total_steps: int | None = None):
+    del total_steps  # a step is a step: nothing to plan ahead
     self.algorithm, self.problem, self.streams, self.config = algorithm, problem, streams, config
     self.num_workers = m = streams.num_workers
     devices = jax.devices()
@@ -152,6 +154,9 @@ class MeshEngine:
     if len(self._in_flight) > self.MAX_IN_FLIGHT:
       jax.block_until_ready(self._in_flight.popleft())
     return state, metrics
+
+  def jitted_functions(self) -> list:
+    return [self.jitted_step]
 
   def worker_states(self, state: MeshState):
     """The algorithm's per-worker states, stacked over workers (for inspection)."""

@@ -1,0 +1,96 @@
+"""ASP and SSP: asynchronous parameter-server SGD, without and with a staleness bound.
+
+ASP (Recht et al. 2011; Dean et al. 2012, "Downpour"): each worker loops
+pull w -> compute g on it -> push; the server applies every push on arrival,
+w <- w - lr * u(g), so a gradient computed on version t lands at t + tau.
+SSP (Ho et al. 2013): the same math; a worker may start iteration c only if
+the slowest worker has finished c - s iterations (--staleness-bound s). The
+bound is scheduling policy: the engine enforces it, the math is ASP's.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxdl import sim
+from jaxdl.algorithms.base import Algorithm, Problem, mean_over_workers
+from jaxdl.errors import ConfigError
+
+
+class ServerState(NamedTuple):
+  params: Any
+  opt_state: Any
+  version: jax.Array  # int32: updates applied
+
+
+class WorkerState(NamedTuple):
+  pulled: Any       # the server parameters this worker last pulled (its staleness buffer entry)
+  model_state: Any  # this worker's batch-norm statistics
+  grads: Any        # the gradient of its current iteration, once computed
+
+
+def init_server(problem: Problem, cfg, key) -> ServerState:
+  del cfg
+  params, _ = problem.model.init(key)
+  return ServerState(params, problem.optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+def init(problem: Problem, cfg, key, worker, num_workers) -> WorkerState:
+  del cfg, worker, num_workers
+  params, model_state = problem.model.init(key)
+  return WorkerState(params, model_state, jax.tree.map(jnp.zeros_like, params))
+
+
+def compute(problem: Problem, cfg, worker: WorkerState, batch, axis):
+  """A worker's gradient on the parameters it pulled -> (worker, metric shares)."""
+  del cfg
+  grads, model_state, metrics = problem.gradients(worker.pulled, worker.model_state,
+                                                  batch, axis)
+  # Batch weights are 1/B of the whole round's batch; the server applies each
+  # worker's own mean gradient.
+  share = batch.weights.sum()
+  grads = jax.tree.map(lambda g: g / share, grads)
+  return WorkerState(worker.pulled, model_state, grads), metrics
+
+
+def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> ServerState:
+  """The server applies a worker's gradient on arrival."""
+  del cfg
+  updates, opt_state = problem.optimizer.update(worker.grads, server.opt_state, server.params)
+  return ServerState(optax.apply_updates(server.params, updates), opt_state,
+                     server.version + 1)
+
+
+def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> WorkerState:
+  del problem, cfg
+  return worker._replace(pulled=server.params)
+
+
+def evaluated(problem: Problem, cfg, server: ServerState, workers: WorkerState):
+  """The server's parameters with the workers' mean batch-norm statistics."""
+  del problem, cfg
+  return server.params, mean_over_workers(workers.model_state)
+
+
+def check_ssp(cfg) -> None:
+  if cfg.algorithm.staleness_bound < 0:
+    raise ConfigError("staleness_bound", cfg.algorithm.staleness_bound,
+                      "an integer >= 0 (iterations the fastest worker may lead)")
+
+
+def _ps_bytes(cfg, model_bytes, m):
+  return 2.0 * m * model_bytes  # per round of M updates: M pushes and M pulls
+
+
+CENTRALIZED = dict(init=init, init_server=init_server, compute=compute, apply=apply,
+                   pull=pull, evaluated=evaluated, bytes_per_step=_ps_bytes,
+                   engines=("sim",), shape="centralized")
+
+ASP = Algorithm(name="asp", **CENTRALIZED,
+                schedule=lambda cost, iterations, cfg: sim.centralized(cost, iterations))
+SSP = Algorithm(name="ssp", check=check_ssp, **CENTRALIZED,
+                schedule=lambda cost, iterations, cfg: sim.centralized(
+                    cost, iterations, staleness_bound=cfg.algorithm.staleness_bound))

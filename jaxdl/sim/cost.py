@@ -1,0 +1,266 @@
+"""The cost model of a simulated cluster: compute times, links and their sharing.
+
+Compute: seconds per batch from a measured time or from a FLOP count and a
+device profile, divided by each worker's speed, times a lognormal jitter and an
+occasional straggler slowdown; every draw is a pure function of
+(seed, worker, iteration). Communication: a message costs latency +
+bytes / bandwidth and holds every link on its path while it is serialised;
+the parameter server's k shard links are shared by all workers, which is what
+makes the PS the bottleneck as M grows (IPDPS'21, finding F3).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+
+import numpy as np
+
+from jaxdl.errors import ConfigError
+
+# Peak training FLOP/s per device. Pre-Ampere GPUs: fp32 (what the IPDPS'21 /
+# Choi era of papers trained in); Ampere and later: dense TF32 tensor cores,
+# which frameworks use for fp32 matmuls and convolutions by default.
+DEVICE_PROFILES: dict[str, float] = {
+    "cpu": 1e11,          # a modest multi-core fp32 host
+    "titan-v": 14.9e12,   # fp32; IPDPS'21's workers (14.90 TFLOPS)
+    "v100": 15.7e12,      # fp32, SXM2
+    "rtx-3070": 20.3e12,  # fp32; the ASU comparison's GPUs
+    "a100": 156e12,       # TF32 dense tensor cores
+    "h100": 494.7e12,     # TF32 dense tensor cores, SXM
+    "h200": 494.7e12,     # TF32 dense tensor cores (H100 silicon, more HBM)
+}
+# Fraction of peak a training step achieves: real steps are far from peak.
+DEFAULT_UTILIZATION = 0.4
+
+_BANDWIDTH_HELP = "a bandwidth such as 10gbps, 56gbps, 100mbps"
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BYTE_UNITS = ("B", "B/s", "Bps", "byte/s", "bytes/s")  # case-sensitive 'B'
+_BIT_UNITS = ("bps", "b/s", "bit", "bits", "bit/s", "bits/s")  # any case
+_BLOCK = 512  # iterations per cached block of random draws
+
+
+def achieved_flops(profile: str, utilization: float = DEFAULT_UTILIZATION) -> float:
+  """Achieved training FLOP/s of a device profile: peak times utilization."""
+  if profile not in DEVICE_PROFILES:
+    raise ConfigError("cluster", profile, "one of " + ", ".join(DEVICE_PROFILES))
+  if not 0.0 < utilization <= 1.0:
+    raise ConfigError("utilization", utilization, "a fraction in (0, 1]")
+  return DEVICE_PROFILES[profile] * utilization
+
+
+def parse_bandwidth(text: str) -> float:
+  """Bytes per second of "10gbps", "100mbps", "1.5gbit" (bits) or "25GB/s" (bytes)."""
+  match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT]?)\s*([A-Za-z/]+)\s*",
+                       str(text))
+  if match:
+    number, prefix, unit = float(match[1]), _PREFIX[match[2].lower()], match[3]
+    if unit in _BYTE_UNITS or unit.lower() in ("byte/s", "bytes/s"):
+      value = number * prefix
+    elif unit.lower() in _BIT_UNITS:
+      value = number * prefix / 8
+    else:
+      value = 0.0
+    if value > 0:
+      return value
+  raise ConfigError("network", text, _BANDWIDTH_HELP)
+
+
+def parse_cluster(text: str) -> tuple[int | None, str]:
+  """(worker count or None, device profile) of "24x titan-v", "8xh100", "titan-v"."""
+  match = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?([a-z0-9][a-z0-9-]*)\s*", str(text).lower())
+  if match and match[2] in DEVICE_PROFILES and (match[1] is None or int(match[1]) >= 1):
+    return (None if match[1] is None else int(match[1])), match[2]
+  raise ConfigError("cluster", text, "a device profile with an optional worker count, "
+                    "such as 24x titan-v (profiles: " + ", ".join(DEVICE_PROFILES) + ")")
+
+
+def _stream_id(stream: str) -> int:
+  return zlib.crc32(stream.encode()) + 1  # stable across processes, unlike hash()
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Timing of a simulated cluster; every method is a pure function of the fields."""
+  num_workers: int
+  compute_s: float                # mean seconds per batch on a speed-1.0 worker
+  model_bytes: float              # bytes of one copy of the parameters (or gradient)
+  bandwidth: float = 1.25e9       # bytes/s of every link (10 Gbps)
+  latency: float = 5e-5           # seconds per message
+  servers: int = 1                # parameter-server shards k, one link each
+  speeds: tuple[float, ...] | None = None  # per worker; None: all 1.0
+  jitter: float = 0.0             # sigma of the lognormal (mean 1) compute factor
+  straggler_prob: float = 0.0
+  straggler_slowdown: float = 4.0
+  seed: int = 0
+  _draws: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                   compare=False, hash=False)
+
+  def __post_init__(self):
+    speeds = (1.0,) * self.num_workers if self.speeds is None else tuple(
+        float(s) for s in self.speeds)
+    object.__setattr__(self, "speeds", speeds)
+    checks = [
+        ("workers", self.num_workers, self.num_workers >= 1, "an integer >= 1"),
+        ("compute_time", self.compute_s, self.compute_s > 0, "seconds > 0"),
+        ("model_bytes", self.model_bytes, self.model_bytes >= 0, "bytes >= 0"),
+        ("network", self.bandwidth, self.bandwidth > 0, _BANDWIDTH_HELP),
+        ("latency", self.latency, self.latency >= 0, "seconds >= 0"),
+        ("servers", self.servers, self.servers >= 1, "an integer >= 1"),
+        ("worker_speeds", speeds,
+         len(speeds) == self.num_workers and all(s > 0 for s in speeds),
+         f"{self.num_workers} speeds > 0, one per worker"),
+        ("jitter", self.jitter, self.jitter >= 0, "a sigma >= 0"),
+        ("straggler_prob", self.straggler_prob, 0 <= self.straggler_prob <= 1,
+         "a probability in [0, 1]"),
+        ("straggler_slowdown", self.straggler_slowdown, self.straggler_slowdown >= 1,
+         "a factor >= 1"),
+    ]
+    for field, value, ok, allowed in checks:
+      if not ok:
+        raise ConfigError(field, value, allowed)
+
+  @classmethod
+  def build(cls, num_workers: int, model_bytes: float, *, compute_s: float | None = None,
+            flops_per_batch: float | None = None, profile: str = "cpu",
+            utilization: float = DEFAULT_UTILIZATION, network: str | float = "10gbps",
+            **kwargs) -> CostModel:
+    """A cost model whose compute time is given, or flops_per_batch / achieved FLOP/s."""
+    if (compute_s is None) == (flops_per_batch is None):
+      raise ConfigError("compute_time", compute_s,
+                        "seconds per batch, or unset with a FLOP count per batch")
+    if compute_s is None:
+      compute_s = flops_per_batch / achieved_flops(profile, utilization)
+    bandwidth = parse_bandwidth(network) if isinstance(network, str) else float(network)
+    return cls(num_workers=num_workers, compute_s=compute_s, model_bytes=model_bytes,
+               bandwidth=bandwidth, **kwargs)
+
+  def uniform(self, stream: str, worker: int, iteration: int) -> float:
+    """A uniform draw in [0, 1) that depends only on (seed, stream, worker, iteration)."""
+    return self._block(stream, worker, iteration)[iteration % _BLOCK]
+
+  def _block(self, stream: str | None, worker: int, iteration: int) -> list[float]:
+    # Draws come in blocks of iterations, so that a schedule costs one generator
+    # per block rather than per call; the result is independent of call order.
+    # Stream None holds the compute times themselves.
+    key = (stream, worker, iteration // _BLOCK)
+    block = self._draws.get(key)
+    if block is None:
+      stream_id = 0 if stream is None else _stream_id(stream)
+      rng = np.random.default_rng([self.seed, stream_id, worker, key[2]])
+      block = (self._compute_times(rng, worker, key[2]) if stream is None
+               else rng.random(_BLOCK).tolist())
+      self._draws[key] = block
+    return block
+
+  def _compute_times(self, rng: np.random.Generator, worker: int, block: int) -> list[float]:
+    """Compute times of one block of iterations: speed, jitter, stragglers."""
+    seconds = np.full(_BLOCK, self.compute_s / self.speeds[worker])
+    if self.jitter > 0:
+      # Lognormal with mean exactly 1: E[exp(sigma z - sigma^2 / 2)] = 1.
+      seconds *= np.exp(self.jitter * rng.standard_normal(_BLOCK) - 0.5 * self.jitter ** 2)
+    if self.straggler_prob > 0:
+      late = np.asarray(self._block("straggler", worker, block * _BLOCK)) < self.straggler_prob
+      seconds[late] *= self.straggler_slowdown
+    return seconds.tolist()
+
+  def compute_time(self, worker: int, iteration: int) -> float:
+    """Seconds for `worker`'s batch of `iteration`: speed, jitter and stragglers."""
+    return self._block(None, worker, iteration)[iteration % _BLOCK]
+
+  def transfer_time(self, nbytes: float) -> float:
+    """Seconds for one message on an idle link."""
+    return self.latency + nbytes / self.bandwidth
+
+  def ring_allreduce_time(self) -> float:
+    """Ring all-reduce of the model: 2(M-1) phases moving 1/M of it each."""
+    m = self.num_workers
+    return 2 * (m - 1) / m * self.model_bytes / self.bandwidth + 2 * (m - 1) * self.latency
+
+
+class Link:
+  """A FIFO link: messages are serialised one at a time, in the order sent."""
+
+  def __init__(self, bandwidth: float, latency: float = 0.0):
+    self.bandwidth, self.latency = bandwidth, latency
+    self.free_at = 0.0
+
+  def send(self, ready_time: float, nbytes: float) -> float:
+    """Arrival time of a message whose data is ready at `ready_time`."""
+    return send_over((self,), ready_time, nbytes)
+
+
+def send_over(links, ready_time: float, nbytes: float) -> float:
+  """Sends one message over a path: it starts once the data and every link are free.
+
+  The message holds all links of its path while it is serialised (cut-through
+  switching), then arrives one latency later.
+  """
+  return _reserve(links, ready_time, nbytes)[1] + max(link.latency for link in links)
+
+
+def _reserve(links, ready_time: float, nbytes: float) -> tuple[float, float]:
+  start, bandwidth = ready_time, links[0].bandwidth
+  for link in links:
+    start = max(start, link.free_at)
+    bandwidth = min(bandwidth, link.bandwidth)
+  end = start + nbytes / bandwidth
+  for link in links:
+    link.free_at = end
+  return start, end
+
+
+class Network:
+  """The links of one simulated run, full duplex: each node sends on its uplink
+  and receives on its downlink at full bandwidth (as ring all-reduce assumes).
+
+  Nodes are the workers and the k server shards; workers exchange over their
+  own links, all workers share the shards' links. Counts the bytes sent and, per
+  worker, the seconds its messages queued for a busy link (the "waiting time"
+  that grows with M at a parameter server).
+  """
+
+  def __init__(self, cost: CostModel):
+    self.cost = cost
+    link = lambda: Link(cost.bandwidth, cost.latency)
+    self.up = [link() for _ in range(cost.num_workers)]
+    self.down = [link() for _ in range(cost.num_workers)]
+    self.shard_up = [link() for _ in range(cost.servers)]
+    self.shard_down = [link() for _ in range(cost.servers)]
+    self.bytes_total = 0.0
+    self.queued_s = [0.0] * cost.num_workers
+
+  def _send(self, waiter: int, links, ready_time: float, nbytes: float) -> tuple[float, float]:
+    start, end = _reserve(links, ready_time, nbytes)
+    self.queued_s[waiter] += start - ready_time
+    self.bytes_total += nbytes
+    return end, end + self.cost.latency
+
+  def push(self, worker: int, ready_time: float) -> float:
+    """Arrival at the servers of `worker`'s model-sized message (gradient or model)."""
+    return self._server(worker, ready_time, self.shard_down)
+
+  def pull(self, worker: int, ready_time: float) -> float:
+    """Arrival at `worker` of the servers' model, sent from `ready_time`."""
+    return self._server(worker, ready_time, self.shard_up)
+
+  def _server(self, worker: int, ready_time: float, shards: list[Link]) -> float:
+    # The model is split into k equal parts sent in parallel, one per shard;
+    # each shard's link is shared by all workers. The worker's own link only
+    # caps the whole at model / bandwidth: it carries nothing else meanwhile
+    # in a PS schedule, so it is not reserved.
+    part = self.cost.model_bytes / len(shards)
+    arrival = ready_time + self.cost.transfer_time(self.cost.model_bytes)
+    for shard in shards:
+      arrival = max(arrival, self._send(worker, (shard,), ready_time, part)[1])
+    return arrival
+
+  def peer(self, src: int, dst: int, ready_time: float, nbytes: float | None = None,
+           waiter: int | None = None) -> float:
+    """Arrival at `dst` of a message (default: the model) sent by `src`.
+
+    Queueing is charged to `waiter` (default: the sender).
+    """
+    nbytes = self.cost.model_bytes if nbytes is None else nbytes
+    waiter = src if waiter is None else waiter
+    return self._send(waiter, (self.up[src], self.down[dst]), ready_time, nbytes)[1]

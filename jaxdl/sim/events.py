@@ -1,0 +1,73 @@
+"""The vocabulary of a simulated (or recorded) run: timed events.
+
+A schedule is a list of events in the order their math must happen (the order
+in which the server, or the peer, processes them); the times are virtual
+seconds from the cost model, or wall seconds in a recorded real run. The sim
+engine executes the math of a schedule event by event, so a schedule fully
+determines the parameters: same schedule, same bits.
+
+Event kinds, by the shape of the algorithm's communication
+(`Event.kind`, what the math does, who is involved):
+
+  centralized (asp, ssp, dc_asgd, lc_asgd):
+    "pull"   worker reads the server's parameters (version = applies so far)
+             and starts its iteration `iteration` on them
+    "apply"  the server applies the gradient of `worker`'s iteration
+             `iteration` (computed on what that worker last pulled)
+  elastic (easgd):
+    "local"  worker takes local step `iteration` on its own parameters
+    "exchange"  worker and the center do the elastic update
+  gossip (gosgd):
+    "local"  worker takes local step `iteration`
+    "gossip" worker sends (x, a) to `peer`, which merges it on arrival
+  decentralized (ad_psgd):
+    "pull"   worker reads its own parameters and starts iteration `iteration`
+             on that snapshot
+    "average"  worker and `peer` average their parameters atomically
+    "apply"  worker applies the gradient of iteration `iteration` to its own
+             parameters
+  synchronous (bsp, ar_sgd, local_sgd):
+    "step"   all workers take global step `iteration` together
+
+"wait" events (a worker idle, e.g. blocked by SSP's bound or at a barrier)
+carry no math and only feed the statistics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Iterable, Iterator
+
+KINDS = ("pull", "apply", "local", "exchange", "gossip", "average", "step", "wait")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  time: float            # virtual seconds when the event takes effect
+  kind: str              # one of KINDS
+  worker: int            # -1 for "step" (all workers)
+  iteration: int = -1    # the worker's iteration (its clock) the event belongs to
+  peer: int = -1         # the other worker of "gossip" / "average"
+  duration: float = 0.0  # "wait": seconds idle; otherwise 0
+  version: int = -1      # server version read ("pull") or produced ("apply")
+
+  def to_json(self) -> str:
+    return json.dumps({k: v for k, v in dataclasses.asdict(self).items()
+                       if v != -1 and not (k == "duration" and v == 0.0)})
+
+  @staticmethod
+  def from_json(line: str) -> Event:
+    return Event(**json.loads(line))
+
+
+def write_trace(path, events: Iterable[Event]) -> None:
+  with open(path, "w") as f:
+    for event in events:
+      f.write(event.to_json() + "\n")
+
+
+def read_trace(path) -> Iterator[Event]:
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        yield Event.from_json(line)

@@ -1,0 +1,265 @@
+"""Discrete-event schedules: determinism, policies (SSP's bound), statistics, F3."""
+import collections
+import time
+
+import pytest
+
+from jaxdl.errors import ConfigError
+from jaxdl.sim import (KINDS, CostModel, Schedule, centralized, decentralized, elastic,
+                       gossip, summarize, synchronous)
+
+SHAPES = {
+    "asp": lambda c, n: centralized(c, n),
+    "ssp": lambda c, n: centralized(c, n, staleness_bound=2),
+    "easgd": lambda c, n: elastic(c, n, period=4),
+    "gosgd": lambda c, n: gossip(c, n, probability=0.5),
+    "ad_psgd": lambda c, n: decentralized(c, n),
+    "bsp": lambda c, n: synchronous(c, n, "ps"),
+    "ar_sgd": lambda c, n: synchronous(c, n, "allreduce"),
+    "local_sgd": lambda c, n: synchronous(c, n, "local", period=3),
+}
+
+
+def _cost(num_workers=4, **kwargs) -> CostModel:
+  fields = dict(compute_s=0.1, model_bytes=4e7, bandwidth=1.25e9, latency=5e-5,
+                speeds=tuple(1.0 + 0.25 * w for w in range(num_workers)), jitter=0.3,
+                straggler_prob=0.05, seed=0)
+  return CostModel(num_workers, **{**fields, **kwargs})
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_same_seed_same_schedule_other_seed_another(shape):
+  events = SHAPES[shape](_cost(), 40)
+  assert isinstance(events, Schedule) and events
+  assert events == SHAPES[shape](_cost(), 40)
+  assert events != SHAPES[shape](_cost(seed=1), 40)
+  assert all(e.kind in KINDS for e in events)
+  times = [e.time for e in events]
+  assert times == sorted(times)
+  assert events.bytes_total > 0
+
+
+def test_bandwidth_changes_the_centralized_schedule():
+  assert centralized(_cost(), 30) != centralized(_cost(bandwidth=7e9), 30)
+
+
+def _check_versions(events):
+  """A pull reads exactly the applies before it; an apply counts them."""
+  applies = 0
+  for e in events:
+    if e.kind == "apply":
+      applies += 1
+      assert e.version == applies
+    elif e.kind == "pull":
+      assert e.version == applies
+
+
+@pytest.mark.parametrize("bound", [None, 0, 1, 3])
+def test_centralized_loop_and_versions(bound):
+  cost = _cost(5)
+  events = centralized(cost, 30, staleness_bound=bound)
+  _check_versions(events)
+  for w in range(5):
+    mine = [(e.kind, e.iteration) for e in events if e.worker == w and e.kind != "wait"]
+    assert mine == [(k, i) for i in range(30) for k in ("pull", "apply")]
+  assert events.bytes_total == 2 * 5 * 30 * cost.model_bytes
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_ssp_never_breaks_its_bound(bound):
+  m = 6
+  events = centralized(_cost(m, straggler_prob=0.2, straggler_slowdown=6.0), 60,
+                       staleness_bound=bound)
+  clocks = [0] * m
+  for e in events:
+    if e.kind == "pull":
+      assert e.iteration == clocks[e.worker]
+      assert min(clocks) >= e.iteration - bound
+    elif e.kind == "apply":
+      clocks[e.worker] += 1
+    assert max(clocks) - min(clocks) <= bound + 1
+  assert any(e.kind == "wait" and e.duration > 0 for e in events)
+  waits = summarize(events, m)["wait_s"]
+  assert max(waits) > 0
+
+
+def test_ssp_zero_is_lock_step():
+  events = centralized(_cost(5), 20, staleness_bound=0)
+  position = {(e.kind, e.worker, e.iteration): i for i, e in enumerate(events)}
+  for c in range(19):
+    last_apply = max(position["apply", w, c] for w in range(5))
+    first_pull = min(position["pull", w, c + 1] for w in range(5))
+    assert last_apply < first_pull
+
+
+def test_asp_with_one_worker_has_no_staleness():
+  stats = summarize(centralized(_cost(1), 50), 1)
+  assert stats["staleness_histogram"] == {0: 50}
+  assert stats["staleness_max"] == 0 and stats["staleness_mean"] == 0
+
+
+@pytest.mark.parametrize("m", [2, 4, 7])
+def test_zero_delay_asp_staleness_is_m_minus_one(m):
+  cost = CostModel(m, compute_s=1.0, model_bytes=0.0, latency=0.0)
+  events = centralized(cost, 20)
+  stats = summarize(events, m)
+  # First round: worker w's gradient lands after w others; then always M - 1.
+  expected = collections.Counter(range(m)) + collections.Counter({m - 1: m * 19})
+  assert stats["staleness_histogram"] == dict(expected)
+  assert stats["simulated_time_s"] == pytest.approx(20.0)
+  assert stats["updates"] == m * 20 and stats["bytes_total"] == 0.0
+
+
+def test_elastic_exchanges_every_period():
+  period, events = 4, elastic(_cost(), 18, period=4)
+  for w in range(4):
+    mine = [e for e in events if e.worker == w]
+    assert [e.iteration for e in mine if e.kind == "local"] == list(range(18))
+    exchanges = [e for e in mine if e.kind == "exchange"]
+    assert [e.iteration for e in exchanges] == [3, 7, 11, 15]
+    for x in exchanges:  # the next local step waits for the center's reply
+      after = next(e for e in mine if e.kind == "local" and e.iteration == x.iteration + 1)
+      assert after.time > x.time
+  assert summarize(events, 4)["updates"] == 16
+  assert events.bytes_total == 2 * 16 * _cost().model_bytes
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_gossip_goes_to_other_workers_at_the_given_probability(p):
+  m = 8
+  events = gossip(_cost(m), 400, probability=p)
+  sent = [e for e in events if e.kind == "gossip"]
+  assert all(e.peer != e.worker and 0 <= e.peer < m for e in sent)
+  assert len(sent) / (m * 400) == pytest.approx(p, abs=0.03)
+  received = collections.Counter(e.peer for e in sent)
+  assert set(received) == set(range(m))
+  assert events.bytes_total == len(sent) * _cost(m).model_bytes
+
+
+def test_gossip_sender_does_not_wait():
+  def local_times(p):
+    return [(e.worker, e.iteration, e.time) for e in gossip(_cost(), 50, p)
+            if e.kind == "local"]
+
+  assert sorted(local_times(1.0)) == sorted(local_times(0.0))
+  assert not any(e.kind == "gossip" for e in gossip(_cost(1), 20, 1.0))
+
+
+def test_decentralized_pull_average_apply():
+  m, events = 5, decentralized(_cost(5), 30)
+  for w in range(m):
+    mine = [e for e in events if e.worker == w]
+    assert [e.kind for e in mine] == ["pull", "average", "apply"] * 30
+    assert all(e.peer not in (w, -1) and e.peer < m for e in mine if e.kind == "average")
+  assert events.bytes_total == 2 * m * 30 * _cost().model_bytes
+  assert summarize(events, m)["staleness_mean"] is None
+  single = decentralized(_cost(1), 3)
+  assert [e.kind for e in single] == ["pull", "apply"] * 3
+
+
+@pytest.mark.parametrize("mode", ["ps", "allreduce", "local"])
+def test_synchronous_steps_and_barrier_waits(mode):
+  m, cost = 4, _cost(4)
+  events = synchronous(cost, 12, mode, period=3)
+  steps = [e for e in events if e.kind == "step"]
+  assert [e.iteration for e in steps] == list(range(12)) and all(e.worker == -1 for e in steps)
+  waits = [e for e in events if e.kind == "wait"]
+  assert waits and all(e.duration > 0 for e in waits)
+  if mode == "local":  # only the averaging steps have a barrier
+    assert {e.iteration for e in waits} <= {2, 5, 8, 11}
+  stats = summarize(events, m)
+  assert stats["updates"] == 12 and stats["batches"] == 48
+  assert stats["wait_total_s"] == pytest.approx(sum(e.duration for e in waits))
+  if mode == "allreduce":  # ring: each worker sends 2(M-1)/M models per step
+    assert events.bytes_total == 12 * 2 * 3 * cost.model_bytes
+
+
+def test_local_sgd_is_faster_than_allreduce():
+  cost = _cost()
+  t_local = summarize(synchronous(cost, 30, "local", period=5), 4)["simulated_time_s"]
+  t_ar = summarize(synchronous(cost, 30, "allreduce"), 4)["simulated_time_s"]
+  assert t_local < t_ar
+
+
+def test_ps_time_grows_with_workers_faster_than_allreduce():
+  def seconds(m, mode):
+    events = synchronous(_cost(m, speeds=None, jitter=0.0, straggler_prob=0.0), 20, mode)
+    return summarize(events, m)["simulated_time_s"]
+
+  growth = {mode: seconds(16, mode) / seconds(2, mode) for mode in ("ps", "allreduce")}
+  assert growth["ps"] > 2 * growth["allreduce"]
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda c: centralized(c, -1), "iterations"),
+    (lambda c: centralized(c, 5, staleness_bound=-1), "staleness_bound"),
+    (lambda c: elastic(c, 5, period=0), "communication_period"),
+    (lambda c: gossip(c, 5, probability=1.5), "gossip_probability"),
+    (lambda c: synchronous(c, 5, "ring"), "sync_mode"),
+    (lambda c: synchronous(c, 5, "local", period=0), "communication_period"),
+])
+def test_bad_policies_are_config_errors(call, field):
+  with pytest.raises(ConfigError) as info:
+    call(_cost())
+  assert info.value.field == field
+
+
+def test_summarize_empty_and_explicit_bytes():
+  stats = summarize([], 2, bytes_total=5.0)
+  assert stats["simulated_time_s"] == 0.0 and stats["bytes_total"] == 5.0
+  assert stats["wait_s"] == [0.0, 0.0] and stats["staleness_histogram"] == {}
+
+
+def test_a_large_schedule_is_fast():
+  cost = _cost(24, speeds=None)
+  start = time.perf_counter()
+  events = centralized(cost, 2000, staleness_bound=3)
+  assert time.perf_counter() - start < 10.0  # about 1 s; generous for loaded machines
+  assert summarize(events, 24)["updates"] == 48_000
+
+
+# Finding F3 of IPDPS'21, timing only: ResNet-50 on Titan Vs, batch 32 per worker.
+RESNET50 = dict(model_bytes=25.6e6 * 4, flops_per_batch=4.1e9 * 3 * 32, profile="titan-v")
+BATCH = 32
+F3_PS = {"BSP": lambda c, n: synchronous(c, n, "ps"),
+         "ASP": lambda c, n: centralized(c, n),
+         "SSP s=3": lambda c, n: centralized(c, n, staleness_bound=3)}
+F3_DECENTRALIZED = {"AR-SGD": lambda c, n: synchronous(c, n, "allreduce"),
+                    "AD-PSGD": lambda c, n: decentralized(c, n)}
+F3_INFO = {"EASGD t=4": lambda c, n: elastic(c, n, period=4),
+           "GoSGD p=1": lambda c, n: gossip(c, n, probability=1.0)}
+
+
+def _samples_per_s(schedule, network, workers, servers=1, iterations=100):
+  cost = CostModel.build(workers, network=network, servers=servers, jitter=0.1, **RESNET50)
+  return summarize(schedule(cost, iterations), workers)["batches_per_s"] * BATCH
+
+
+def test_f3_parameter_server_scales_worse_and_more_so_on_a_slow_network():
+  table, mean = {}, lambda xs: sum(xs) / len(xs)
+  lines = ["", "F3: samples/s (speedup 4 -> 24 workers), ResNet-50, titan-v, 1 PS shard",
+           f"{'':10s}" + "".join(f"{n:>28s}" for n in ("10gbps", "56gbps"))]
+  for name, schedule in {**F3_PS, **F3_DECENTRALIZED, **F3_INFO}.items():
+    cells = ""
+    for network in ("10gbps", "56gbps"):
+      few, many = (_samples_per_s(schedule, network, m) for m in (4, 24))
+      table[name, network] = many / few
+      cells += f"{few:9.0f} -> {many:7.0f} ({many / few:4.2f}x)"
+    lines.append(f"{name:10s}{cells}")
+  gap = {}
+  for network in ("10gbps", "56gbps"):
+    ps = [table[n, network] for n in F3_PS]
+    dec = [table[n, network] for n in F3_DECENTRALIZED]
+    assert max(ps) < min(dec), network
+    gap[network] = mean(dec) / mean(ps)
+  lines.append("speedup ratio decentralized / PS: " +
+               ", ".join(f"{n} {g:.2f}" for n, g in gap.items()))
+  print("\n".join(lines))
+  assert gap["10gbps"] > gap["56gbps"] * 1.2
+
+
+def test_more_server_shards_relieve_the_bottleneck():
+  asp = F3_PS["ASP"]
+  rates = [_samples_per_s(asp, "10gbps", 24, servers=k, iterations=40) for k in (1, 2, 4)]
+  assert rates[0] < rates[1] < rates[2]
+  assert rates[1] == pytest.approx(2 * rates[0], rel=0.1)  # the shard links are the limit
