@@ -76,6 +76,10 @@ class AlgorithmConfig:
   """Local steps between communications: model averaging (local_sgd, H) or elastic exchange (easgd, tau)."""
   staleness_bound: int = 3
   """SSP's bound s: a worker may start iteration c once the slowest has finished c - s."""
+  elasticity: float | None = None
+  """EASGD's alpha: the fraction of the worker-center difference exchanged (unset: 0.9 / M)."""
+  gossip_probability: float = 0.1
+  """GoSGD's p: probability that a worker gossips after a local step."""
   sync_bn: bool = False
   """Batch-norm statistics over all workers' batches instead of each worker's own."""
 

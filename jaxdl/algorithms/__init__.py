@@ -1,7 +1,7 @@
 """The algorithm registry: one module per algorithm, found by name."""
 from __future__ import annotations
 
-from jaxdl.algorithms import ar_sgd, asp, bsp, local_sgd
+from jaxdl.algorithms import ad_psgd, ar_sgd, asp, bsp, easgd, gosgd, local_sgd
 from jaxdl.algorithms.base import Algorithm, Batch, Problem, TrainState
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.errors import ConfigError
@@ -18,6 +18,12 @@ ALGORITHMS.register("local_sgd", "local steps, then model averaging every "
 ALGORITHMS.register("asp", "asynchronous parameter server: every push applied on "
                     "arrival")(asp.ASP)
 ALGORITHMS.register("ssp", "stale synchronous parallel: asp with --staleness-bound")(asp.SSP)
+ALGORITHMS.register("easgd", "elastic averaging with a center every "
+                    "--communication-period local steps")(easgd.ALGORITHM)
+ALGORITHMS.register("gosgd", "gossip: push to a random peer with "
+                    "--gossip-probability")(gosgd.ALGORITHM)
+ALGORITHMS.register("ad_psgd", "asynchronous decentralized: average with a random "
+                    "neighbour each iteration")(ad_psgd.ALGORITHM)
 
 
 def resolve(config) -> tuple[Algorithm, str]:

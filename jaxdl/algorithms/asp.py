@@ -46,22 +46,17 @@ def init(problem: Problem, cfg, key, worker, num_workers) -> WorkerState:
 
 def compute(problem: Problem, cfg, worker: WorkerState, batch, axis):
   """A worker's gradient on the parameters it pulled -> (worker, metric shares)."""
-  del cfg
-  grads, model_state, metrics = problem.gradients(worker.pulled, worker.model_state,
-                                                  batch, axis)
-  # Batch weights are 1/B of the whole round's batch; the server applies each
-  # worker's own mean gradient.
-  share = batch.weights.sum()
-  grads = jax.tree.map(lambda g: g / share, grads)
+  del cfg, axis
+  grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
   return WorkerState(worker.pulled, model_state, grads), metrics
 
 
-def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> ServerState:
-  """The server applies a worker's gradient on arrival."""
+def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState):
+  """The server applies a worker's gradient on arrival -> (server, worker)."""
   del cfg
   updates, opt_state = problem.optimizer.update(worker.grads, server.opt_state, server.params)
   return ServerState(optax.apply_updates(server.params, updates), opt_state,
-                     server.version + 1)
+                     server.version + 1), worker
 
 
 def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> WorkerState:

@@ -67,6 +67,13 @@ class Problem:
     grads, (model_state, metrics) = grad_fn(params, model_state, batch, axis)
     return grads, model_state, metrics
 
+  def own_gradients(self, params, model_state, batch: Batch):
+    """A lone worker's mean gradient on its own batch -> (grads, model state,
+    metric shares). Asynchronous workers share no collective."""
+    grads, model_state, metrics = self.gradients(params, model_state, batch, WorkerAxis(1))
+    share = batch.weights.sum()  # b_m / B
+    return jax.tree.map(lambda g: g / share, grads), model_state, metrics
+
   def apply_gradients(self, state: TrainState, grads, model_state) -> TrainState:
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     return TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
@@ -102,11 +109,16 @@ class Algorithm:
     evaluated(problem, cfg, workers) -> (params, model_state) evaluated, from
       the worker states stacked over workers.
 
-  "centralized" (asp, ssp, ...; run by the sim engine in a schedule's order):
-    init_server(problem, cfg, key) -> server state
-    pull(problem, cfg, server, worker) -> worker      (worker reads w)
+  Event shapes (run by the sim engine in a schedule's order, jaxdl.sim.events):
+    init_server(problem, cfg, key) -> server state (an empty tuple if none)
+    pull(problem, cfg, server, worker) -> worker       ("pull": take a snapshot)
     compute(problem, cfg, worker, batch, axis) -> (worker, metric shares)
-    apply(problem, cfg, server, worker) -> server     (server applies a push)
+        (the gradient of the snapshot; batched over workers by the engine)
+    apply(problem, cfg, server, worker) -> (server, worker)   ("apply")
+    local(problem, cfg, worker, batch, axis) -> (worker, metric shares)
+        ("local": a step on the worker's own parameters; batched)
+    exchange(problem, cfg, server, worker) -> (server, worker)  ("exchange")
+    pair(problem, cfg, worker, peer) -> (worker, peer)  ("gossip", "average")
     evaluated(problem, cfg, server, workers) -> (params, model_state)
   """
   name: str
@@ -120,6 +132,9 @@ class Algorithm:
   pull: Callable[..., Any] | None = None
   compute: Callable[..., tuple[Any, Metrics]] | None = None
   apply: Callable[..., Any] | None = None
+  local: Callable[..., tuple[Any, Metrics]] | None = None
+  exchange: Callable[..., Any] | None = None
+  pair: Callable[..., Any] | None = None
   max_workers: int | None = None
   check: Callable[[Any], None] = lambda cfg: None  # raises ConfigError on bad policy
   # The declared policy as a timing schedule: (cost model, iterations per

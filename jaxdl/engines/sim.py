@@ -44,32 +44,53 @@ def _put(tree, m, value):
   return jax.tree.map(lambda x, v: x.at[m].set(v), tree, value)
 
 
-class CentralizedRunner:
-  """Jitted math of a centralized algorithm: pull, batched compute, apply."""
+def _masked(fn):
+  """vmap `fn(worker, batch) -> (worker, metric shares)` over all M workers,
+  keeping the old state where `mask` is off; metrics as masked sums."""
+  def run(workers, batch, mask):
+    new, metrics = jax.vmap(fn)(workers, batch)
+    keep = lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+    share = batch.weights.sum(axis=1)  # metric shares -> each worker's own means
+    return (jax.tree.map(keep, new, workers),
+            {"loss_sum": jnp.sum(metrics["loss"] / share * mask),
+             "accuracy_sum": jnp.sum(metrics["accuracy"] / share * mask),
+             "count": jnp.sum(mask)})
+  return jax.jit(run, donate_argnums=0)
+
+
+class EventMath:
+  """The algorithm's event handlers, jitted once each, over stacked workers."""
 
   def __init__(self, algorithm: Algorithm, problem: Problem, config):
+    bind = lambda fn: functools.partial(fn, problem, config)
     one = WorkerAxis(size=1)  # asynchronous workers share no collective
-    compute = functools.partial(algorithm.compute, problem, config, axis=one)
+    self.jitted = {}
+    if algorithm.compute:
+      self.compute = self.jitted["compute"] = _masked(
+          functools.partial(bind(algorithm.compute), axis=one))
+    if algorithm.local:
+      self.local = self.jitted["local"] = _masked(
+          functools.partial(bind(algorithm.local), axis=one))
+    if algorithm.pull:
+      pull = bind(algorithm.pull)
+      self.pull = self.jitted["pull"] = jax.jit(
+          lambda server, workers, m: _put(workers, m, pull(server, _take(workers, m))),
+          donate_argnums=1)
+    for name in ("apply", "exchange"):
+      fn = getattr(algorithm, name)
+      if fn:
+        def with_server(server, workers, m, fn=bind(fn)):
+          server, worker = fn(server, _take(workers, m))
+          return server, _put(workers, m, worker)
+        setattr(self, name, jax.jit(with_server, donate_argnums=(0, 1)))
+        self.jitted[name] = getattr(self, name)
+    if algorithm.pair:
+      pair = bind(algorithm.pair)
 
-    def compute_masked(workers, batch, mask):
-      new, metrics = jax.vmap(compute)(workers, batch)
-      keep = lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
-      share = batch.weights.sum(axis=1)
-      own_loss = metrics["loss"] / share  # each worker's mean loss on its batch
-      return (jax.tree.map(keep, new, workers),
-              {"loss_sum": jnp.sum(own_loss * mask),
-               "accuracy_sum": jnp.sum(metrics["accuracy"] / share * mask),
-               "count": jnp.sum(mask)})
-
-    def pull(server, workers, m):
-      return _put(workers, m, algorithm.pull(problem, config, server, _take(workers, m)))
-
-    def apply(server, workers, m):
-      return algorithm.apply(problem, config, server, _take(workers, m))
-
-    self.compute = jax.jit(compute_masked, donate_argnums=0)
-    self.pull = jax.jit(pull, donate_argnums=1)
-    self.apply = jax.jit(apply, donate_argnums=0)
+      def pair_fn(workers, m, k):
+        a, b = pair(_take(workers, m), _take(workers, k))
+        return _put(_put(workers, m, a), k, b)
+      self.pair = self.jitted["pair"] = jax.jit(pair_fn, donate_argnums=0)
 
 
 def model_bytes(problem: Problem) -> int:
@@ -119,8 +140,8 @@ def make_schedule(algorithm: Algorithm, config, cost: sim.CostModel,
 
 
 def _step_ends(events, num_workers: int) -> list[int]:
-  """Index of the event that completes each step (every M-th update)."""
-  updates = [i for i, e in enumerate(events) if e.kind in ("apply", "step")]
+  """Index of the event that completes each step (every M-th worker iteration)."""
+  updates = [i for i, e in enumerate(events) if e.kind in ("apply", "local", "step")]
   return updates[num_workers - 1::num_workers]
 
 
@@ -143,7 +164,7 @@ class SimEngine:
       raise ConfigError("replay", config.output.replay,
                       f"a trace with at least {total_steps} steps of {self.num_workers} updates")
     self.events = self.events[:self.step_ends[total_steps - 1] + 1]
-    self.math = CentralizedRunner(algorithm, problem, config)
+    self.math = EventMath(algorithm, problem, config)
 
   def init(self, key: jax.Array) -> SimState:
     m, a, problem, config = self.num_workers, self.algorithm, self.problem, self.config
@@ -155,34 +176,59 @@ class SimEngine:
     return SimState(server, workers, np.full(m, -1, np.int32), np.zeros(m, bool),
                     np.zeros((), np.int64))
 
-  def _compute_pending(self, state: SimState) -> tuple[SimState, dict]:
+  def _batch(self, pairs) -> Batch:
+    return Batch(*self.streams.stacked_batches(pairs))
+
+  def _compute_pending(self, state: SimState, sums: list) -> SimState:
     pending = (state.iteration >= 0) & ~state.computed
-    pairs = [(w, max(int(c), 0)) for w, c in enumerate(state.iteration)]
-    batch = Batch(*self.streams.stacked_batches(pairs))
+    batch = self._batch([(w, max(int(c), 0)) for w, c in enumerate(state.iteration)])
     workers, metrics = self.math.compute(state.workers, batch, jnp.asarray(pending))
-    return state._replace(workers=workers, computed=state.computed | pending), metrics
+    sums.append(metrics)
+    return state._replace(workers=workers, computed=state.computed | pending)
+
+  def _flush_local(self, state: SimState, queued: list[list[int]], sums: list) -> SimState:
+    """Runs every queued local step, one vmapped call per round of them."""
+    while any(queued):
+      mask = np.array([bool(q) for q in queued])
+      batch = self._batch([(w, q[0] if q else 0) for w, q in enumerate(queued)])
+      workers, metrics = self.math.local(state.workers, batch, jnp.asarray(mask))
+      state = state._replace(workers=workers)
+      sums.append(metrics)
+      for q in queued:
+        if q:
+          q.pop(0)
+    return state
 
   def step(self, state: SimState, step: int):
     """Executes the schedule's events up to the end of step `step`."""
-    server, iteration, computed = state.server, state.iteration.copy(), state.computed.copy()
-    state = state._replace(iteration=iteration, computed=computed)
-    sums = []
+    state = state._replace(iteration=state.iteration.copy(), computed=state.computed.copy())
+    queued: list[list[int]] = [[] for _ in range(self.num_workers)]
+    sums: list = []
     end = self.step_ends[step]
-    for index in range(int(state.position), end + 1):
-      event = self.events[index]
-      m = event.worker
-      if event.kind == "pull":
+    for event in self.events[int(state.position):end + 1]:
+      m, kind = event.worker, event.kind
+      if kind == "pull":
         state = state._replace(workers=self.math.pull(state.server, state.workers, m))
         state.iteration[m], state.computed[m] = event.iteration, False
-      elif event.kind == "apply":
+      elif kind == "apply":
         if not state.computed[m]:
-          state, metrics = self._compute_pending(state)
-          sums.append(metrics)
-        state = state._replace(server=self.math.apply(state.server, state.workers, m))
+          state = self._compute_pending(state, sums)
+        server, workers = self.math.apply(state.server, state.workers, m)
+        state = state._replace(server=server, workers=workers)
         state.computed[m], state.iteration[m] = False, -1
-    del server
-    state = state._replace(position=np.asarray(end + 1, np.int64))
-    return state, _mean_metrics(sums)
+      elif kind == "local":
+        queued[m].append(event.iteration)
+      elif kind == "exchange":
+        if queued[m]:
+          state = self._flush_local(state, queued, sums)
+        server, workers = self.math.exchange(state.server, state.workers, m)
+        state = state._replace(server=server, workers=workers)
+      elif kind in ("gossip", "average"):
+        if queued[m] or queued[event.peer]:
+          state = self._flush_local(state, queued, sums)
+        state = state._replace(workers=self.math.pair(state.workers, m, event.peer))
+    state = self._flush_local(state, queued, sums)
+    return state._replace(position=np.asarray(end + 1, np.int64)), _mean_metrics(sums)
 
   def info(self) -> dict:
     stats = sim.summarize(self.events, self.num_workers, self.bytes_total)
@@ -194,7 +240,7 @@ class SimEngine:
                 self.config, model_bytes(self.problem), self.num_workers)}
 
   def jitted_functions(self) -> list:
-    return [self.math.compute, self.math.pull, self.math.apply]
+    return list(self.math.jitted.values())
 
   def write_trace(self, path) -> None:
     sim.write_trace(path, self.events)
