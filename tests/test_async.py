@@ -130,3 +130,71 @@ def test_ssp_with_an_unreachable_bound_is_asp(tmp_path):
                                    out=str(tmp_path / "s0"), **RUN))
   assert tight["staleness_max"] <= asp["staleness_max"]
   assert tight["params_fingerprint"] != asp["params_fingerprint"]
+
+
+def _trained(name, steps=6, **extra):
+  from tests.helpers import make_engine as engine_for
+  config = CONFIG.replace(algorithm=name, workers=4, batch_size=16, momentum=0.0, **extra)
+  engine = engine_for(config, total_steps=steps)
+  state, _ = train(engine, steps)
+  return engine, state
+
+
+def test_gosgd_conserves_weight_and_the_weighted_model():
+  from jaxdl.algorithms import gosgd
+  engine, state = _trained("gosgd", gossip_probability=1.0)
+  weights = np.asarray(state.workers.weight)
+  assert abs(weights.sum() - 1.0) < 1e-6 and len(set(weights.tolist())) > 1
+  sender, receiver = _take_two(state.workers, 0, 1)
+  before = _weighted_sum([sender, receiver])
+  after = _weighted_sum(gosgd.pair(engine.problem, engine.config, sender, receiver))
+  for x, y in zip(before, after):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_ad_psgd_averaging_preserves_the_mean():
+  from jaxdl.algorithms import ad_psgd
+  engine, state = _trained("ad_psgd")
+  a, b = _take_two(state.workers, 1, 2)
+  assert not np.allclose(leaves(a.params)[0], leaves(b.params)[0])
+  a2, b2 = ad_psgd.pair(engine.problem, engine.config, a, b)
+  for x, y, x2, y2 in zip(leaves(a.params), leaves(b.params), leaves(a2.params),
+                          leaves(b2.params)):
+    np.testing.assert_allclose(x + y, x2 + y2, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(x2, y2)
+
+
+class OneWorkerStreams:
+  """Worker `w`'s own batches, as a one-worker stream."""
+
+  def __init__(self, streams, w):
+    self.inner, self.w, self.num_workers = streams, w, 1
+    self.batch_sizes = (streams.batch_sizes[w],)
+
+  def stacked_batch(self, step, workers=None):
+    images, labels, weights = self.inner.stacked_batches([(self.w, step)])
+    return images, labels, weights * self.inner.num_workers
+
+
+def test_easgd_without_elasticity_leaves_workers_independent():
+  engine, state = _trained("easgd", elasticity=0.0, communication_period=2)
+  initial = leaves(engine.init(jax.random.key(0)).server.params)
+  for c, i in zip(leaves(state.server.params), initial):
+    np.testing.assert_array_equal(c, i)  # nothing ever reaches the center
+  for w in range(4):  # each worker is one-worker SGD on its own shard
+    steps = sum(e.kind == "local" and e.worker == w for e in engine.events)
+    sgd = make_engine(engine.config.replace(algorithm="sgd", workers=1),
+                      streams=OneWorkerStreams(engine.streams, w))
+    alone = leaves(sgd.evaluated(train(sgd, steps)[0])[0])
+    for x, y in zip(leaves(jax.tree.map(lambda x: x[w], state.workers.params)), alone):
+      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def _take_two(workers, i, j):
+  return jax.tree.map(lambda x: x[i], workers), jax.tree.map(lambda x: x[j], workers)
+
+
+def _weighted_sum(pair):
+  return [a.weight * x + b.weight * y
+          for x, y in zip(leaves(pair[0].params), leaves(pair[1].params))
+          for a, b in [(pair[0], pair[1])]]
