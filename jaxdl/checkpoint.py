@@ -68,4 +68,5 @@ class Checkpointer:
 
 def abstract(tree: Any) -> Any:
   """Shape/dtype structure of `tree`, the target orbax restores into."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)

@@ -198,3 +198,20 @@ def _weighted_sum(pair):
   return [a.weight * x + b.weight * y
           for x, y in zip(leaves(pair[0].params), leaves(pair[1].params))
           for a, b in [(pair[0], pair[1])]]
+
+
+@pytest.mark.parametrize("name", ["ssp", "ad_psgd"])
+def test_sim_resume_equals_the_uninterrupted_run(tmp_path, name):
+  import shutil
+
+  import jaxdl
+  config = RunConfig.make(algorithm=name, out=str(tmp_path / "run"), checkpoint_every=20,
+                          **dict(RUN, epochs=2))
+  full = jaxdl.run(config)
+  steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                 if p.name.isdigit())
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / str(steps[-1]))  # as if killed
+  (tmp_path / "run" / "summary.json").unlink()
+  resumed = jaxdl.run(config.replace(resume=True))
+  assert resumed["params_fingerprint"] == full["params_fingerprint"]
+  assert resumed["simulated_time_s"] == full["simulated_time_s"]

@@ -90,3 +90,16 @@ def test_batch_sizes_from_worker_speeds():
   assert batch_sizes(config) == (24, 36, 36)
   with pytest.raises(ConfigError, match="--batch-sizes"):
     batch_sizes(config.replace(batch_sizes=(1, 2)))
+
+
+@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd"])
+def test_sim_engine_matches_the_mesh_engine(algorithm):
+  config = RunConfig.make(algorithm=algorithm, workers=4, batch_sizes=(8, 12, 8, 4),
+                          model="mlp", schedule="constant", optimizer="adam", lr=1e-3,
+                          communication_period=2)
+  results = []
+  for engine in ("mesh", "sim"):
+    e = make_engine(config.replace(engine=engine), total_steps=10)
+    results.append(leaves(e.evaluated(train(e, 10)[0])))
+  for x, y in zip(*results):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

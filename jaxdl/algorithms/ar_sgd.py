@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxdl import sim
 from jaxdl.algorithms.base import Algorithm, Problem, TrainState, mean_over_workers
 
 
@@ -40,10 +41,12 @@ def ring_bytes(model_bytes: float, num_workers: int) -> float:
 ALGORITHM = Algorithm(
     name="ar_sgd", init=init, step=step, evaluated=evaluated,
     bytes_per_step=lambda cfg, model_bytes, m: ring_bytes(model_bytes, m),
-    engines=("mesh",))
+    engines=("mesh", "sim"),
+    schedule=lambda cost, iterations, cfg: sim.synchronous(cost, iterations, "allreduce"))
 
 # Sequential SGD is AR-SGD's update on one worker: the baseline every
 # distributed algorithm is compared with.
 SGD = Algorithm(
     name="sgd", init=init, step=step, evaluated=evaluated,
-    bytes_per_step=lambda cfg, model_bytes, m: 0.0, engines=("mesh",), max_workers=1)
+    bytes_per_step=lambda cfg, model_bytes, m: 0.0, engines=("mesh", "sim"), max_workers=1,
+    schedule=lambda cost, iterations, cfg: sim.synchronous(cost, iterations, "allreduce"))

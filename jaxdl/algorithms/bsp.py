@@ -23,6 +23,7 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from jaxdl import sim
 from jaxdl.algorithms.base import Algorithm, Problem, mean_over_workers
 from jaxdl.errors import ConfigError
 
@@ -93,4 +94,5 @@ ALGORITHM = Algorithm(
     name="bsp", init=init, step=step, evaluated=evaluated,
     # every worker pushes a gradient and pulls the parameters
     bytes_per_step=lambda cfg, model_bytes, m: 2.0 * m * model_bytes,
-    engines=("mesh",), check=check)
+    engines=("mesh", "sim"), check=check,
+    schedule=lambda cost, iterations, cfg: sim.synchronous(cost, iterations, "ps"))

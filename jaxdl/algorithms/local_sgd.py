@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+from jaxdl import sim
 from jaxdl.algorithms import ar_sgd
 from jaxdl.algorithms.base import Algorithm, Problem, TrainState, mean_over_workers
 from jaxdl.errors import ConfigError
@@ -47,4 +48,6 @@ def check(cfg) -> None:
 ALGORITHM = Algorithm(
     name="local_sgd", init=ar_sgd.init, step=step, evaluated=evaluated,
     bytes_per_step=lambda cfg, b, m: ar_sgd.ring_bytes(b, m) / cfg.algorithm.communication_period,
-    engines=("mesh",), check=check)
+    engines=("mesh", "sim"), check=check,
+    schedule=lambda cost, iterations, cfg: sim.synchronous(
+        cost, iterations, "local", cfg.algorithm.communication_period))

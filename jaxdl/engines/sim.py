@@ -84,6 +84,16 @@ class EventMath:
           return server, _put(workers, m, worker)
         setattr(self, name, jax.jit(with_server, donate_argnums=(0, 1)))
         self.jitted[name] = getattr(self, name)
+    if algorithm.step:  # a collective algorithm: all workers vmapped on this device
+      m = config.algorithm.workers
+      axis = WorkerAxis(size=m, local="workers", local_size=m)
+      step = jax.vmap(functools.partial(bind(algorithm.step), axis=axis),
+                      in_axes=(0, 0, None), axis_name="workers")
+
+      def step_all(workers, batch, index):
+        workers, metrics = step(workers, batch, index)
+        return workers, jax.tree.map(jnp.sum, metrics)
+      self.step = self.jitted["step"] = jax.jit(step_all, donate_argnums=0)
     if algorithm.pair:
       pair = bind(algorithm.pair)
 
@@ -140,9 +150,14 @@ def make_schedule(algorithm: Algorithm, config, cost: sim.CostModel,
 
 
 def _step_ends(events, num_workers: int) -> list[int]:
-  """Index of the event that completes each step (every M-th worker iteration)."""
-  updates = [i for i, e in enumerate(events) if e.kind in ("apply", "local", "step")]
-  return updates[num_workers - 1::num_workers]
+  """Index of the event that completes each step (every M-th worker iteration;
+  a synchronous "step" event is all M at once)."""
+  ends, done = [], 0
+  for i, e in enumerate(events):
+    done += num_workers if e.kind == "step" else e.kind in ("apply", "local")
+    if done and done % num_workers == 0 and e.kind in ("apply", "local", "step"):
+      ends.append(i)
+  return ends
 
 
 class SimEngine:
@@ -171,7 +186,7 @@ class SimEngine:
 
     def init_all(key):
       workers = jax.vmap(lambda w: a.init(problem, config, key, w, m))(jnp.arange(m))
-      return a.init_server(problem, config, key), workers
+      return (a.init_server(problem, config, key) if a.init_server else ()), workers
     server, workers = compile_init(init_all, key)(key)
     return SimState(server, workers, np.full(m, -1, np.int32), np.zeros(m, bool),
                     np.zeros((), np.int64))
@@ -201,7 +216,8 @@ class SimEngine:
 
   def step(self, state: SimState, step: int):
     """Executes the schedule's events up to the end of step `step`."""
-    state = state._replace(iteration=state.iteration.copy(), computed=state.computed.copy())
+    # host-side bookkeeping, as numpy copies (a restored checkpoint may hold device arrays)
+    state = state._replace(iteration=np.array(state.iteration), computed=np.array(state.computed))
     queued: list[list[int]] = [[] for _ in range(self.num_workers)]
     sums: list = []
     end = self.step_ends[step]
@@ -223,6 +239,12 @@ class SimEngine:
           state = self._flush_local(state, queued, sums)
         server, workers = self.math.exchange(state.server, state.workers, m)
         state = state._replace(server=server, workers=workers)
+      elif kind == "step":
+        batch = self._batch([(w, event.iteration) for w in range(self.num_workers)])
+        workers, metrics = self.math.step(state.workers, batch, jnp.int32(event.iteration))
+        state = state._replace(workers=workers)
+        sums.append({"loss_sum": metrics["loss"], "accuracy_sum": metrics["accuracy"],
+                     "count": 1.0})
       elif kind in ("gossip", "average"):
         if queued[m] or queued[event.peer]:
           state = self._flush_local(state, queued, sums)
@@ -246,8 +268,8 @@ class SimEngine:
     sim.write_trace(path, self.events)
 
   def evaluated(self, state: SimState):
-    return jax.device_get(self.algorithm.evaluated(self.problem, self.config,
-                                                   state.server, state.workers))
+    parts = (state.workers,) if self.algorithm.step else (state.server, state.workers)
+    return jax.device_get(self.algorithm.evaluated(self.problem, self.config, *parts))
 
 
 def _mean_metrics(sums: list[dict]) -> dict:
