@@ -59,8 +59,9 @@ def _run(args: list[str]) -> int:
 
   summary = run(_parse_run_config(args))
   keys = ("test_accuracy", "test_loss", "train_loss", "steps", "wall_time_s",
-          "samples_per_s", "params_fingerprint")
-  for key in keys:
+          "samples_per_s", "simulated_time_s", "samples_per_simulated_s", "staleness_mean",
+          "bytes_total", "params_fingerprint")
+  for key in (k for k in keys if k in summary):
     value = summary[key]
     print(f"{key:>20}: {value:.4f}" if isinstance(value, float) else f"{key:>20}: {value}")
   return 0

@@ -249,6 +249,8 @@ def validate(config: RunConfig) -> RunConfig:
     raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
   if any(m <= 0 for m in c["lr_milestones"]):
     raise ConfigError("lr_milestones", c["lr_milestones"], "epochs > 0")
+  if c["dry_run"] and config.algorithm.engine not in ("auto", "sim"):
+    raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
   if c["resume"] and c["overwrite"]:
     raise ConfigError("overwrite", True, "not together with --resume")
   data.check_name(c["dataset"])

@@ -120,7 +120,22 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
         rundir.clear_run_files(out)
     out.mkdir(parents=True, exist_ok=True)
     rundir.write_json(out / rundir.CONFIG, config.to_dict())
+  if config.output.dry_run:
+    return _dry_run(setup)
   return _Training(setup, resuming).run()
+
+
+def _dry_run(setup: _Setup) -> dict[str, Any]:
+  """The schedule's timing alone: no parameters, no math."""
+  info = setup.engine.info()
+  samples = setup.total_steps * setup.global_batch
+  summary = {**info, "steps": setup.total_steps, "samples": samples,
+             "samples_per_simulated_s": samples / info["simulated_time_s"],
+             "algorithm": setup.algorithm.name, "workers": setup.config.algorithm.workers,
+             "model": setup.config.model.model, "dry_run": True}
+  setup.engine.write_trace(setup.out / rundir.TRACE)
+  rundir.write_json(setup.out / rundir.SUMMARY, summary)
+  return summary
 
 
 class _Training:

@@ -215,3 +215,22 @@ def test_sim_resume_equals_the_uninterrupted_run(tmp_path, name):
   resumed = jaxdl.run(config.replace(resume=True))
   assert resumed["params_fingerprint"] == full["params_fingerprint"]
   assert resumed["simulated_time_s"] == full["simulated_time_s"]
+
+
+def test_dry_run_shows_the_parameter_server_bottleneck(tmp_path):
+  """F3 of IPDPS'21, timing only: ResNet-50 on Titan Vs at 10 Gbps, 4 -> 24 workers."""
+  import jaxdl
+  speedup = {}
+  for algorithm in ("bsp", "asp", "ar_sgd", "ad_psgd"):
+    rate = {}
+    for workers in (4, 24):
+      summary = jaxdl.run(RunConfig.make(
+          algorithm=algorithm, workers=workers, dry_run=True, model="resnet50",
+          dataset="synthetic", image_size=224, batch_size=32, compute_time=0.066,
+          network="10gbps", steps=30, progress=False,
+          out=str(tmp_path / f"{algorithm}-{workers}")))
+      assert summary["dry_run"] and not (tmp_path / f"{algorithm}-{workers}" /
+                                         "checkpoints").exists()
+      rate[workers] = summary["samples_per_simulated_s"]
+    speedup[algorithm] = rate[24] / rate[4]
+  assert max(speedup["bsp"], speedup["asp"]) < min(speedup["ar_sgd"], speedup["ad_psgd"])

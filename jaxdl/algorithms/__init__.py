@@ -30,7 +30,12 @@ def resolve(config) -> tuple[Algorithm, str]:
   """The algorithm that a RunConfig names, checked, and the engine that runs it."""
   cfg = config.algorithm
   algorithm = ALGORITHMS.get(cfg.algorithm)
-  engine = algorithm.engines[0] if cfg.engine == "auto" else cfg.engine
+  if cfg.engine != "auto":
+    engine = cfg.engine
+  elif config.output.dry_run and "sim" in algorithm.engines:
+    engine = "sim"  # a dry run is a simulated schedule
+  else:
+    engine = algorithm.engines[0]
   if engine not in algorithm.engines:
     raise ConfigError("engine", cfg.engine,
                       f"one of auto, {', '.join(algorithm.engines)} for {algorithm.name}")

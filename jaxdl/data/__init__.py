@@ -60,9 +60,11 @@ def load_dataset(name: str, data_dir: str | None = None,
   """
   if name.startswith("tfds:") and name[5:]:
     return sources.load_tfds(name[5:], data_dir, image_size)
-  if image_size is not None:
+  if name == "synthetic" and image_size is not None:
+    synthetic_shape = (image_size, image_size, 3)
+  elif image_size is not None:
     raise ConfigError("image_size", image_size,
-                      f"left unset for {name}; only tfds: datasets resize")
+                      f"left unset for {name}; only tfds: and synthetic datasets take it")
   if name.startswith("npz:") and name[4:]:
     return sources.load_npz(name[4:])
   check_name(name)
