@@ -209,7 +209,6 @@ class _Training:
     record = {"step": step, "epoch": step / self.s.streams.steps_per_epoch,
               "samples": step * self.s.global_batch,
               "train_loss": self.last_train["loss"],
-              "train_accuracy": self.last_train["accuracy"],
               "wall_time_s": wall, "samples_per_s": rate}
     if evaluated:
       record.update(self.last_eval)

@@ -217,6 +217,7 @@ def test_sim_resume_equals_the_uninterrupted_run(tmp_path, name):
   assert resumed["simulated_time_s"] == full["simulated_time_s"]
 
 
+@pytest.mark.slow
 def test_dry_run_shows_the_parameter_server_bottleneck(tmp_path):
   """F3 of IPDPS'21, timing only: ResNet-50 on Titan Vs at 10 Gbps, 4 -> 24 workers."""
   import jaxdl

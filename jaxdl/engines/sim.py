@@ -52,9 +52,7 @@ def _masked(fn):
     keep = lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
     share = batch.weights.sum(axis=1)  # metric shares -> each worker's own means
     return (jax.tree.map(keep, new, workers),
-            {"loss_sum": jnp.sum(metrics["loss"] / share * mask),
-             "accuracy_sum": jnp.sum(metrics["accuracy"] / share * mask),
-             "count": jnp.sum(mask)})
+            {"loss_sum": jnp.sum(metrics["loss"] / share * mask), "count": jnp.sum(mask)})
   return jax.jit(run, donate_argnums=0)
 
 
@@ -243,8 +241,7 @@ class SimEngine:
         batch = self._batch([(w, event.iteration) for w in range(self.num_workers)])
         workers, metrics = self.math.step(state.workers, batch, jnp.int32(event.iteration))
         state = state._replace(workers=workers)
-        sums.append({"loss_sum": metrics["loss"], "accuracy_sum": metrics["accuracy"],
-                     "count": 1.0})
+        sums.append({"loss_sum": metrics["loss"], "count": 1.0})
       elif kind in ("gossip", "average"):
         if queued[m] or queued[event.peer]:
           state = self._flush_local(state, queued, sums)
@@ -274,7 +271,6 @@ class SimEngine:
 
 def _mean_metrics(sums: list[dict]) -> dict:
   if not sums:
-    return {"loss": jnp.nan, "accuracy": jnp.nan}
+    return {"loss": jnp.nan}
   total = jax.tree.map(lambda *x: sum(x), *sums)
-  return {"loss": total["loss_sum"] / total["count"],
-          "accuracy": total["accuracy_sum"] / total["count"]}
+  return {"loss": total["loss_sum"] / total["count"]}

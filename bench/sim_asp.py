@@ -1,0 +1,91 @@
+"""Simulating M asynchronous workers against one worker's plain jitted step.
+
+The sim engine batches the workers' gradients (vmap over their stacked pulled
+parameter versions), so simulating `asp` with M workers should cost about M
+single steps. Prints samples/s of both arms and the ratio sim / single
+(goal >= 0.9).
+
+  python -m bench.sim_asp                     # cnn 28x28, batch 32, 8 workers
+  python -m bench.sim_asp --cases mlp:8:32:8
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import jax
+import numpy as np
+import tyro
+
+from bench.timing import interleaved, machine, report
+from jaxdl.algorithms import ALGORITHMS, Batch, Problem
+from jaxdl.config import RunConfig
+from jaxdl.data import WorkerStreams
+from jaxdl.data.sources import ArraySplit
+from jaxdl.engines import MeshEngine, SimEngine
+from jaxdl.models import build_model
+from jaxdl.optim import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+  cases: tuple[str, ...] = ("cnn:28:32:8", "mlp:8:32:8")
+  """model:image_side:batch:workers, one per case."""
+  steps: int = 10
+  """Sim steps (of M updates each) per arm per round; the single arm takes M times as many."""
+  rounds: int = 5
+
+
+def bench_case(case: str, args: Args) -> float:
+  name, side, batch, workers = case.split(":")
+  side, batch, workers = int(side), int(batch), int(workers)
+  shape = (side, side, 1)
+  # In-memory data (as digits, mnist, npz), so host batching is a gather.
+  rng = np.random.default_rng(0)
+  split = ArraySplit(rng.integers(0, 256, (4096, *shape), np.uint8),
+                     rng.integers(0, 10, 4096), 1 / 255, np.zeros(1), np.ones(1))
+  config = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant",
+                          batch_size=batch, workers=workers, algorithm="asp", jitter=0.2,
+                          compute_time=0.01)
+  problem = Problem(build_model(name, 10, shape), make_optimizer(config.optim, 10**6, 100))
+  total = (args.rounds + 2) * args.steps
+  sim = SimEngine(ALGORITHMS.get("asp"), problem, WorkerStreams(split, (batch,) * workers, 0),
+                  config, total)
+  sim_state = [sim.init(jax.random.key(0)), 0]
+
+  def run_sim(n):
+    for _ in range(n):
+      sim_state[0], metrics = sim.step(sim_state[0], sim_state[1])
+      sim_state[1] += 1
+    jax.block_until_ready(sim_state[0])
+
+  one = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch)
+  single = MeshEngine(ALGORITHMS.get("sgd"), problem, WorkerStreams(split, (batch,), 0), one)
+  single_state = [single.init(jax.random.key(0))]
+  images, labels = split.gather(np.arange(batch))
+  put = lambda x: jax.device_put(x, single.sharded)
+  fixed = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))
+
+  def run_single(n):
+    for _ in range(n * workers):  # the same number of updates as n sim steps
+      single_state[0], metrics = single.jitted_step(single_state[0], fixed)
+    jax.block_until_ready(metrics)
+
+  times = interleaved({"one worker, jitted step": run_single,
+                       f"sim asp, {workers} workers": run_sim}, args.steps, args.rounds,
+                      warmup=1)
+  ratio = 1 / report(f"{name} {side}x{side}, batch {batch}, seconds per {workers} updates",
+                     times, baseline="one worker, jitted step")
+  return ratio
+
+
+def main(args: Args) -> int:
+  print(f"machine: {machine()}")
+  ratios = {case: bench_case(case, args) for case in args.cases}
+  print("\nsamples/s ratio sim / one worker (goal >= 0.9): " +
+        ", ".join(f"{c}: {r:.3f}" for c, r in ratios.items()))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(tyro.cli(Args)))
