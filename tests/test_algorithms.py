@@ -44,9 +44,10 @@ def test_common(name, engine):
   for x, y in zip(leaves(state), leaves(again)):
     np.testing.assert_array_equal(x, y)
 
-  # no recompilation after the first step
+  # no recompilation: each jitted function compiled at most once (some serve
+  # only schedules of other shapes)
   for jitted in first.jitted_functions():
-    assert jitted._cache_size() == 1, jitted
+    assert jitted._cache_size() <= 1, jitted
 
   # the evaluated model has the model's parameter structure
   params, _ = first.evaluated(state)

@@ -142,8 +142,10 @@ class WorkerStreams:
     for worker, step in pairs:
       b = self.batch_sizes[worker]
       x, y = self.batch(worker, step)
-      pad = b_max - b
-      images.append(np.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)))
-      labels.append(np.pad(y, (0, pad)))
+      if b < b_max:  # np.pad copies even when there is nothing to pad
+        x = np.pad(x, [(0, b_max - b)] + [(0, 0)] * (x.ndim - 1))
+        y = np.pad(y, (0, b_max - b))
+      images.append(x)
+      labels.append(y)
       weights.append(np.where(np.arange(b_max) < b, 1.0 / total, 0.0).astype(np.float32))
     return np.stack(images), np.stack(labels), np.stack(weights)

@@ -92,6 +92,13 @@ class EventMath:
         workers, metrics = step(workers, batch, index)
         return workers, jax.tree.map(jnp.sum, metrics)
       self.step = self.jitted["step"] = jax.jit(step_all, donate_argnums=0)
+    if algorithm.apply and algorithm.pull:
+      # A worker's push and its next pull, as in a parameter server's round
+      # trip, in one call: half the dispatches of a centralized schedule.
+      def apply_pull(server, workers, m, apply=bind(algorithm.apply), pull=pull):
+        server, worker = apply(server, _take(workers, m))
+        return server, _put(workers, m, pull(server, worker))
+      self.apply_pull = self.jitted["apply_pull"] = jax.jit(apply_pull, donate_argnums=(0, 1))
     if algorithm.pair:
       pair = bind(algorithm.pair)
 
@@ -219,7 +226,10 @@ class SimEngine:
     queued: list[list[int]] = [[] for _ in range(self.num_workers)]
     sums: list = []
     end = self.step_ends[step]
-    for event in self.events[int(state.position):end + 1]:
+    index = int(state.position)
+    while index <= end:
+      event = self.events[index]
+      index += 1
       m, kind = event.worker, event.kind
       if kind == "pull":
         state = state._replace(workers=self.math.pull(state.server, state.workers, m))
@@ -227,9 +237,15 @@ class SimEngine:
       elif kind == "apply":
         if not state.computed[m]:
           state = self._compute_pending(state, sums)
-        server, workers = self.math.apply(state.server, state.workers, m)
+        following = self.events[index] if index <= end else None
+        if following is not None and following.kind == "pull" and following.worker == m:
+          server, workers = self.math.apply_pull(state.server, state.workers, m)
+          state.iteration[m], state.computed[m] = following.iteration, False
+          index += 1
+        else:
+          server, workers = self.math.apply(state.server, state.workers, m)
+          state.computed[m], state.iteration[m] = False, -1
         state = state._replace(server=server, workers=workers)
-        state.computed[m], state.iteration[m] = False, -1
       elif kind == "local":
         queued[m].append(event.iteration)
       elif kind == "exchange":
