@@ -36,7 +36,7 @@ def make_engine(config: RunConfig, streams=None, total_steps: int = 60):
   return ENGINES.get(engine)(algorithm, problem, streams, config, total_steps)
 
 
-def train(engine: MeshEngine, steps: int, key: int = 0):
+def train(engine, steps: int, key: int = 0):
   """(final state, list of per-step metrics as floats)."""
   state = engine.init(jax.random.key(key))
   history = []

@@ -111,7 +111,7 @@ def test_zero_delay_asp_staleness_is_m_minus_one(m):
 
 
 def test_elastic_exchanges_every_period():
-  period, events = 4, elastic(_cost(), 18, period=4)
+  events = elastic(_cost(), 18, period=4)
   for w in range(4):
     mine = [e for e in events if e.worker == w]
     assert [e.iteration for e in mine if e.kind == "local"] == list(range(18))

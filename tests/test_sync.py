@@ -1,5 +1,4 @@
 """Synchronous algorithms: M workers x b_m equal one worker x sum(b_m)."""
-import jax
 import numpy as np
 import pytest
 

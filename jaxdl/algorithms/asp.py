@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, mean_over_workers
+from jaxdl.algorithms.base import Algorithm, Problem, server_model
 from jaxdl.errors import ConfigError
 
 
@@ -64,12 +64,6 @@ def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> Wor
   return worker._replace(pulled=server.params)
 
 
-def evaluated(problem: Problem, cfg, server: ServerState, workers: WorkerState):
-  """The server's parameters with the workers' mean batch-norm statistics."""
-  del problem, cfg
-  return server.params, mean_over_workers(workers.model_state)
-
-
 def check_ssp(cfg) -> None:
   if cfg.algorithm.staleness_bound < 0:
     raise ConfigError("staleness_bound", cfg.algorithm.staleness_bound,
@@ -81,7 +75,7 @@ def _ps_bytes(cfg, model_bytes, m):
 
 
 CENTRALIZED = dict(init=init, init_server=init_server, compute=compute, apply=apply,
-                   pull=pull, evaluated=evaluated, bytes_per_step=_ps_bytes,
+                   pull=pull, evaluated=server_model, bytes_per_step=_ps_bytes,
                    engines=("sim",), shape="centralized")
 
 ASP = Algorithm(name="asp", **CENTRALIZED,

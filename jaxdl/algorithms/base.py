@@ -94,6 +94,13 @@ def mean_over_workers(stacked):
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), stacked)
 
 
+def server_model(problem: Problem, cfg, server, workers):
+  """The evaluated model of a server-based algorithm: the server's parameters
+  with the workers' mean batch-norm statistics."""
+  del problem, cfg
+  return server.params, mean_over_workers(workers.model_state)
+
+
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
   """A registry entry: an algorithm's pure functions and its declared policy.

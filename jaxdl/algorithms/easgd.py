@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.base import Algorithm, Problem, TrainState, server_model
 from jaxdl.errors import ConfigError
 
 
@@ -53,11 +53,6 @@ def exchange(problem: Problem, cfg, center: Center, worker: TrainState):
           worker._replace(params=jax.tree.map(lambda x, di: x - di, worker.params, d)))
 
 
-def evaluated(problem: Problem, cfg, center: Center, workers: TrainState):
-  del problem, cfg
-  return center.params, mean_over_workers(workers.model_state)
-
-
 def check(cfg) -> None:
   if cfg.algorithm.communication_period < 1:
     raise ConfigError("communication_period", cfg.algorithm.communication_period,
@@ -69,7 +64,7 @@ def check(cfg) -> None:
 
 ALGORITHM = Algorithm(
     name="easgd", shape="elastic", init=init, init_server=init_server, local=local,
-    exchange=exchange, evaluated=evaluated, engines=("sim",), check=check,
+    exchange=exchange, evaluated=server_model, engines=("sim",), check=check,
     # each exchange is a round trip of the model with the center
     bytes_per_step=lambda cfg, b, m: 2.0 * m * b / cfg.algorithm.communication_period,
     schedule=lambda cost, iterations, cfg: sim.elastic(

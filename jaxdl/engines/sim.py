@@ -25,7 +25,6 @@ from jaxdl.data import WorkerStreams
 from jaxdl.errors import ConfigError
 from jaxdl.engines.mesh import compile_init
 from jaxdl import sim
-from jaxdl.sim.events import Event
 
 
 class SimState(NamedTuple):
