@@ -16,7 +16,10 @@ def test_run_directory_is_complete(tmp_path):
   out = tmp_path / "run"
   summary = jaxdl.run(RunConfig.make(out=str(out), **QUICK))
   assert sorted(p.name for p in out.iterdir()) == [
-      "checkpoints", "config.json", "metrics.jsonl", "summary.json", "tb"]
+      "checkpoints", "config.json", "metrics.jsonl", "summary.json", "tb", "trace.jsonl"]
+  trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+  assert [e["iteration"] for e in trace] == list(range(88))
+  assert all(e["kind"] == "step" for e in trace)
   assert RunConfig.load(str(out / "config.json")) == RunConfig.make(out=str(out), **QUICK)
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   steps = [r["step"] for r in records]

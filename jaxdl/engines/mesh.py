@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -20,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxdl.algorithms import Algorithm, Batch, Problem, WorkerAxis
 from jaxdl.data import WorkerStreams
+from jaxdl.sim.events import Event, write_trace
 
 DEVICE_AXIS, LOCAL_AXIS = "workers", "local"
 
@@ -69,6 +71,10 @@ class MeshEngine:
     self.replicated = NamedSharding(self.mesh, P())
     self._local_workers = self._workers_of_this_process()
     self._in_flight: collections.deque = collections.deque()
+    # The trace of a real run: each step's dispatch, in wall seconds from the
+    # engine's start (steps of this process only, after a resume).
+    self._events: list[Event] = []
+    self._start = time.perf_counter()
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(
         lambda: algorithm.init(problem, config, key, jnp.int32(0), m))
@@ -149,6 +155,7 @@ class MeshEngine:
 
   def step(self, state: MeshState, step: int):
     """Advances `state` by training step `step` (its data is a function of it)."""
+    self._events.append(Event(time.perf_counter() - self._start, "step", -1, step))
     state, metrics = self.jitted_step(state, self.batch(step))
     self._in_flight.append(metrics)
     if len(self._in_flight) > self.MAX_IN_FLIGHT:
@@ -157,6 +164,9 @@ class MeshEngine:
 
   def jitted_functions(self) -> list:
     return [self.jitted_step]
+
+  def write_trace(self, path) -> None:
+    write_trace(path, self._events)
 
   def worker_states(self, state: MeshState):
     """The algorithm's per-worker states, stacked over workers (for inspection)."""
