@@ -14,7 +14,6 @@ Runs on 8 CPU devices (--xla_force_host_platform_device_count=8, set here
 before jax is imported unless XLA_FLAGS already sets a device count).
 
   python -m bench.ar_sgd_step                 # cnn 28x28 and mlp 8x8, global batch 256
-  python -m bench.ar_sgd_step --metrics-arm   # + the hand step doing jaxdl's metrics
   python -m bench.ar_sgd_step --cases cnn:28:256 --devices 8 --rounds 9
 """
 from __future__ import annotations
@@ -35,13 +34,13 @@ from typing import Callable  # noqa: E402
 
 import flax  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import tyro  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
+from bench.single_step import hand_written_loss  # noqa: E402
 from bench.timing import interleaved, machine, report  # noqa: E402
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem  # noqa: E402
 from jaxdl.config import RunConfig  # noqa: E402
@@ -67,9 +66,6 @@ class Args:
   """Target length of one arm's round when --steps is unset."""
   rounds: int = 25
   """Rounds; each arm's figure is its median over rounds."""
-  metrics_arm: bool = False
-  """Also time the hand-written step doing jaxdl's extra work (per-example weights
-  in, accuracy out), to tell that work's cost from the engine's."""
   in_flight: int = MeshEngine.MAX_IN_FLIGHT
   """Steps left running while the host dispatches the next, in both arms (as
   MeshEngine.step; 0: wait on every step). Bounded: many collectives in flight
@@ -125,13 +121,10 @@ class HandArm:
   """The data-parallel step written by hand: shard_map over the mesh, per-device
   loss on the device's rows of the batch, pmean of the gradients, replicated
   parameters and optimizer state (so every device applies the same update).
-
-  With `metrics`, the step also does what jaxdl's step does beyond the update:
-  takes per-example weights, and returns the accuracy beside the loss.
   """
 
   def __init__(self, name: str, image_shape, images: np.ndarray, labels: np.ndarray,
-               mesh: jax.sharding.Mesh, start_params=None, metrics: bool = False):
+               mesh: jax.sharding.Mesh, start_params=None):
     (axis,) = mesh.axis_names
     module = MODELS.get(name)(image_shape, NUM_CLASSES, "auto",
                               rngs=nnx.Rngs(params=jax.random.key(SEED)))
@@ -143,22 +136,10 @@ class HandArm:
     params = jax.tree.map(np.asarray, params if start_params is None else start_params)
     tx = optax.sgd(LR, momentum=0.9)
 
-    def device_step(params, stats, opt_state, images, labels, *weights):
+    def device_step(params, stats, opt_state, images, labels):
       def loss_fn(params):
-        _, param_state, stat_state = nnx.split(module, nnx.Param, nnx.BatchStat)
-        nnx.replace_by_pure_dict(param_state, params)
-        nnx.replace_by_pure_dict(stat_state, stats)
-        model = nnx.merge(graphdef, param_state, stat_state, copy=True)
-        logits = model(images, train=True)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-        new_stats = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
-        if not metrics:
-          return losses.mean(), (losses.mean(), new_stats)
-        (w,) = weights  # 1 / global batch: sums over devices are global means
-        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-        loss = jnp.sum(losses * w) * mesh.size  # this device's mean, as above
-        return loss, ({"loss": jnp.sum(losses * w), "accuracy": jnp.sum(correct * w)},
-                      new_stats)
+        loss, new_stats = hand_written_loss(module, graphdef, params, stats, images, labels)
+        return loss, (loss, new_stats)
       # Differentiate varying copies: the gradient of the replicated (invariant)
       # parameters would come back already summed over the axis.
       local = jax.lax.pcast(params, axis, to="varying")
@@ -166,23 +147,19 @@ class HandArm:
       grads = jax.lax.pmean(grads, axis)
       stats = jax.lax.pmean(stats, axis)  # none in cnn and mlp
       updates, opt_state = tx.update(grads, opt_state, params)
-      out = jax.lax.psum(out, axis) if metrics else jax.lax.pmean(out, axis)
+      out = jax.lax.pmean(out, axis)
       return optax.apply_updates(params, updates), stats, opt_state, out
 
-    batch_specs = (P(axis),) * (3 if metrics else 2)
     self._step = jax.jit(jax.shard_map(
-        device_step, mesh=mesh, in_specs=(P(), P(), P(), *batch_specs),
+        device_step, mesh=mesh, in_specs=(P(), P(), P(), P(axis), P(axis)),
         out_specs=P(), check_vma=True), donate_argnums=(0, 1, 2))
     replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
     self.state = jax.device_put([params, stats, tx.init(params)], replicated)
-    batch = (images, labels) + ((np.full(len(labels), 1 / len(labels), np.float32),)
-                                if metrics else ())
-    self.batch = jax.device_put(batch, rows)
-    self.metrics = metrics
+    self.batch = jax.device_put((images, labels), rows)
 
   def step(self) -> jax.Array:
-    *self.state, out = self._step(*self.state, *self.batch)
-    return out["loss"] if self.metrics else out
+    *self.state, loss = self._step(*self.state, *self.batch)
+    return loss
 
   def params(self):
     return jax.device_get(self.state[0])
@@ -233,25 +210,17 @@ def bench_case(case: str, args: Args) -> tuple[float, bool]:
   counts = sorted(args.devices)
   jaxdl = {d: JaxdlArm(name, image_shape, images, labels, d) for d in counts}
   top = counts[-1]
-  hand, jaxdl_arm, metrics = ("hand-written shard_map step", "jaxdl ar_sgd step",
-                              "hand-written + metrics")
+  hand, jaxdl_arm = "hand-written shard_map step", "jaxdl ar_sgd step"
   hands = {hand: HandArm(name, image_shape, images, labels, jaxdl[top].engine.mesh,
                          start_params=jaxdl[top].params())}
-  if args.metrics_arm:
-    hands[metrics] = HandArm(name, image_shape, images, labels, jaxdl[top].engine.mesh,
-                             start_params=jaxdl[top].params(), metrics=True)
   ok = check(jaxdl[top], hands, args)
 
   runs = {hand: bounded(hands[hand].step, args.in_flight),
           jaxdl_arm: bounded(jaxdl[top].step, args.in_flight)}
-  runs.update({n: bounded(a.step, args.in_flight) for n, a in hands.items() if n != hand})
   steps = steps_for(runs.values(), args)
   times = interleaved(runs, steps, args.rounds)
   ratio = report(f"{title}, {top} workers on {top} devices ({batch // top} per worker), "
                  f"{steps} steps x {args.rounds} rounds", times, baseline=hand)
-  if args.metrics_arm:
-    print(f"ratio jaxdl / {metrics}: "
-          f"{statistics.median(times[jaxdl_arm]) / statistics.median(times[metrics]):.3f}")
 
   runs = {d: bounded(jaxdl[d].step, args.in_flight) for d in counts}
   steps = steps_for(runs.values(), args)

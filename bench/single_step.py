@@ -38,6 +38,18 @@ class Args:
   """Rounds; each arm's figure is its median over rounds."""
 
 
+def hand_written_loss(module, graphdef, params, stats, images, labels):
+  """Mean cross-entropy of an NNX module from plain-dict states, merged inside
+  the trace -> (loss, new batch-norm statistics)."""
+  _, param_state, stat_state = nnx.split(module, nnx.Param, nnx.BatchStat)
+  nnx.replace_by_pure_dict(param_state, params)
+  nnx.replace_by_pure_dict(stat_state, stats)
+  model = nnx.merge(graphdef, param_state, stat_state, copy=True)
+  logits = model(images, train=True)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  return loss, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+
+
 def hand_written_step(name: str, image_shape, num_classes: int, lr: float):
   """The step a JAX user writes by hand for speed: nnx.split once, plain-dict
   states through jit (cheaper to flatten than nnx.State), merge inside."""
@@ -49,13 +61,7 @@ def hand_written_step(name: str, image_shape, num_classes: int, lr: float):
   @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
   def step(params, stats, opt_state, images, labels):
     def loss_fn(params):
-      _, param_state, stat_state = nnx.split(module, nnx.Param, nnx.BatchStat)
-      nnx.replace_by_pure_dict(param_state, params)
-      nnx.replace_by_pure_dict(stat_state, stats)
-      model = nnx.merge(graphdef, param_state, stat_state, copy=True)
-      logits = model(images, train=True)
-      loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-      return loss, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+      return hand_written_loss(module, graphdef, params, stats, images, labels)
     (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), stats, opt_state, loss

@@ -146,8 +146,7 @@ class _Training:
     spe = setup.streams.steps_per_epoch
     self.eval_every = c.eval_every or spe
     self.ckpt_every = c.checkpoint_every or spe
-    self.root_key = jax.random.key(c.seed)
-    self.state = setup.engine.init(jax.random.fold_in(self.root_key, 0))
+    self.state = setup.engine.init(jax.random.fold_in(jax.random.key(c.seed), 0))
     self.ckpt = Checkpointer(setup.out / rundir.CHECKPOINTS, c.keep_checkpoints)
     self.start, self.wall_offset = 0, 0.0
     if resuming:
@@ -178,7 +177,7 @@ class _Training:
         pending.append(metrics)
         done = step + 1
         evaluate = done % self.eval_every == 0 or done == s.total_steps
-        if done % c.log_every == 0 or evaluate or done == s.total_steps:
+        if done % c.log_every == 0 or evaluate:  # evaluate: also at the last step
           # Fetching the metrics also bounds how far dispatch runs ahead.
           self.last_train = {k: float(np.nanmean(v)) for k, v in
                              jax.device_get(jax.tree.map(lambda *x: list(x), *pending)).items()}

@@ -46,6 +46,11 @@ class Problem:
   optimizer: optax.GradientTransformation
   sync_bn: bool = False  # batch-norm statistics over all workers' batches
 
+  def model_bytes(self) -> int:
+    """Bytes of one copy of the parameters (what a push or a pull moves)."""
+    shapes = jax.eval_shape(lambda: self.model.init(jax.random.key(0))[0])
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
   def init_state(self, key: jax.Array) -> TrainState:
     params, model_state = self.model.init(key)
     return TrainState(params, model_state, self.optimizer.init(params))

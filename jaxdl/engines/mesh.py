@@ -177,11 +177,9 @@ class MeshEngine:
     return jax.device_get(self._evaluated(state))
 
   def info(self) -> dict:
-    model_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
-        jax.eval_shape(lambda: self.problem.model.init(jax.random.key(0))[0])))
     return {"engine": "mesh", "devices": self.mesh.devices.size,
             "workers_per_device": self.axis.local_size,
             "processes": jax.process_count(),
             "batch_sizes": list(self.streams.batch_sizes),
             "bytes_communicated_per_step": self.algorithm.bytes_per_step(
-                self.config, model_bytes, self.num_workers)}
+                self.config, self.problem.model_bytes(), self.num_workers)}

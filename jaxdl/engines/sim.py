@@ -107,11 +107,6 @@ class EventMath:
       self.pair = self.jitted["pair"] = jax.jit(pair_fn, donate_argnums=0)
 
 
-def model_bytes(problem: Problem) -> int:
-  shapes = jax.eval_shape(lambda: problem.model.init(jax.random.key(0))[0])
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
-
-
 def flops_per_batch(problem: Problem, streams: WorkerStreams) -> float:
   """XLA's FLOP count of one worker's gradient on a mean-size batch (no compile)."""
   params, model_state = jax.eval_shape(problem.model.init, jax.random.key(0))
@@ -136,7 +131,7 @@ def cost_model(config, problem: Problem, streams: WorkerStreams) -> sim.CostMode
                  for w, b in enumerate(streams.batch_sizes))
   flops = None if c.compute_time else flops_per_batch(problem, streams)
   return sim.CostModel.build(
-      m, model_bytes(problem), compute_s=c.compute_time, flops_per_batch=flops,
+      m, problem.model_bytes(), compute_s=c.compute_time, flops_per_batch=flops,
       profile=profile, network=c.network, latency=c.latency, servers=c.servers,
       speeds=speeds, jitter=c.jitter, straggler_prob=c.straggler_prob,
       straggler_slowdown=c.straggler_slowdown, seed=config.train.seed)
@@ -271,7 +266,7 @@ class SimEngine:
             **{k: stats[k] for k in ("simulated_time_s", "staleness_mean", "staleness_max",
                                      "staleness_histogram", "wait_s", "bytes_total")},
             "bytes_communicated_per_step": self.algorithm.bytes_per_step(
-                self.config, model_bytes(self.problem), self.num_workers)}
+                self.config, self.problem.model_bytes(), self.num_workers)}
 
   def jitted_functions(self) -> list:
     return list(self.math.jitted.values())
