@@ -148,6 +148,10 @@ class Algorithm:
   local: Callable[..., tuple[Any, Metrics]] | None = None
   exchange: Callable[..., Any] | None = None
   pair: Callable[..., Any] | None = None
+  # Timed: pull and apply also take the event's `duration` (a float32
+  # scalar: a pull's transfer seconds, an apply's compute seconds) as a last
+  # argument, for algorithms whose math uses the cluster's timing (LC-ASGD).
+  timed: bool = False
   max_workers: int | None = None
   check: Callable[[Any], None] = lambda cfg: None  # raises ConfigError on bad policy
   # The declared policy as a timing schedule: (cost model, iterations per

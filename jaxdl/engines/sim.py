@@ -68,19 +68,28 @@ class EventMath:
     if algorithm.local:
       self.local = self.jitted["local"] = _masked(
           functools.partial(bind(algorithm.local), axis=one))
+    # A timed algorithm's pull and apply also get the event's duration.
+    timed = lambda fn: fn if algorithm.timed else lambda server, worker, duration: fn(server, worker)
     if algorithm.pull:
-      pull = bind(algorithm.pull)
+      pull = timed(bind(algorithm.pull))
       self.pull = self.jitted["pull"] = jax.jit(
-          lambda server, workers, m: _put(workers, m, pull(server, _take(workers, m))),
+          lambda server, workers, m, duration: _put(
+              workers, m, pull(server, _take(workers, m), duration)),
           donate_argnums=1)
-    for name in ("apply", "exchange"):
-      fn = getattr(algorithm, name)
-      if fn:
-        def with_server(server, workers, m, fn=bind(fn)):
-          server, worker = fn(server, _take(workers, m))
-          return server, _put(workers, m, worker)
-        setattr(self, name, jax.jit(with_server, donate_argnums=(0, 1)))
-        self.jitted[name] = getattr(self, name)
+    if algorithm.apply:
+      apply = timed(bind(algorithm.apply))
+
+      def apply_fn(server, workers, m, duration):
+        server, worker = apply(server, _take(workers, m), duration)
+        return server, _put(workers, m, worker)
+      self.apply = self.jitted["apply"] = jax.jit(apply_fn, donate_argnums=(0, 1))
+    if algorithm.exchange:
+      exchange = bind(algorithm.exchange)
+
+      def exchange_fn(server, workers, m):
+        server, worker = exchange(server, _take(workers, m))
+        return server, _put(workers, m, worker)
+      self.exchange = self.jitted["exchange"] = jax.jit(exchange_fn, donate_argnums=(0, 1))
     if algorithm.step:  # a collective algorithm: all workers vmapped on this device
       m = config.algorithm.workers
       axis = WorkerAxis(size=m, local="workers", local_size=m)
@@ -94,9 +103,9 @@ class EventMath:
     if algorithm.apply and algorithm.pull:
       # A worker's push and its next pull, as in a parameter server's round
       # trip, in one call: half the dispatches of a centralized schedule.
-      def apply_pull(server, workers, m, apply=bind(algorithm.apply), pull=pull):
-        server, worker = apply(server, _take(workers, m))
-        return server, _put(workers, m, pull(server, worker))
+      def apply_pull(server, workers, m, applied, pulled):
+        server, worker = apply(server, _take(workers, m), applied)
+        return server, _put(workers, m, pull(server, worker, pulled))
       self.apply_pull = self.jitted["apply_pull"] = jax.jit(apply_pull, donate_argnums=(0, 1))
     if algorithm.pair:
       pair = bind(algorithm.pair)
@@ -226,18 +235,22 @@ class SimEngine:
       index += 1
       m, kind = event.worker, event.kind
       if kind == "pull":
-        state = state._replace(workers=self.math.pull(state.server, state.workers, m))
+        state = state._replace(workers=self.math.pull(state.server, state.workers, m,
+                                                      np.float32(event.duration)))
         state.iteration[m], state.computed[m] = event.iteration, False
       elif kind == "apply":
         if not state.computed[m]:
           state = self._compute_pending(state, sums)
         following = self.events[index] if index <= end else None
         if following is not None and following.kind == "pull" and following.worker == m:
-          server, workers = self.math.apply_pull(state.server, state.workers, m)
+          server, workers = self.math.apply_pull(state.server, state.workers, m,
+                                                 np.float32(event.duration),
+                                                 np.float32(following.duration))
           state.iteration[m], state.computed[m] = following.iteration, False
           index += 1
         else:
-          server, workers = self.math.apply(state.server, state.workers, m)
+          server, workers = self.math.apply(state.server, state.workers, m,
+                                            np.float32(event.duration))
           state.computed[m], state.iteration[m] = False, -1
         state = state._replace(server=server, workers=workers)
       elif kind == "local":

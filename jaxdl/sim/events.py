@@ -48,7 +48,8 @@ class Event:
   worker: int            # -1 for "step" (all workers)
   iteration: int = -1    # the worker's iteration (its clock) the event belongs to
   peer: int = -1         # the other worker of "gossip" / "average"
-  duration: float = 0.0  # "wait": seconds idle; otherwise 0
+  duration: float = 0.0  # "wait": seconds idle; centralized "pull": transfer
+                         # seconds, "apply": compute seconds; otherwise 0
   version: int = -1      # server version read ("pull") or produced ("apply")
 
   def to_json(self) -> str:

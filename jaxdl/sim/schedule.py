@@ -74,7 +74,9 @@ def centralized(cost: CostModel, iterations: int,
   """ASP (bound None) or SSP (Ho et al., NeurIPS'13) at a k-shard parameter server.
 
   Each worker loops: pull (the server's reply crosses the shared shard links),
-  compute, push (the shard links again), apply on arrival, pull again. Under
+  compute, push (the shard links again), apply on arrival, pull again. A
+  "pull" records its transfer seconds and an "apply" the iteration's compute
+  seconds as `duration` (LC-ASGD's t_comm and t_comp). Under
   SSP a worker starts iteration c only once every worker has applied c - s
   iterations; until then it waits, and a "wait" event records how long.
   """
@@ -84,6 +86,7 @@ def centralized(cost: CostModel, iterations: int,
   _check("staleness_bound", bound, ok, "an integer >= 0, or None for ASP")
   sim, m = _Sim(cost), cost.num_workers
   clocks, waiting = [0] * m, {}  # iterations applied; waiting worker -> since
+  computing = {}  # (worker, iteration) -> its compute seconds
   state = {"version": 0}
   PUSH, APPLY = 0, 1
 
@@ -94,15 +97,18 @@ def centralized(cost: CostModel, iterations: int,
     if bound is not None and min(clocks) < c - bound:
       waiting[w] = sim.now
       return
-    sim.emit("pull", w, iteration=c, version=state["version"])
-    sim.at(sim.net.pull(w, sim.now) + cost.compute_time(w, c), PUSH, w, c)
+    arrived, compute = sim.net.pull(w, sim.now), cost.compute_time(w, c)
+    sim.emit("pull", w, iteration=c, version=state["version"], duration=arrived - sim.now)
+    computing[w, c] = compute
+    sim.at(arrived + compute, PUSH, w, c)
 
   def push(w: int, c: int, _) -> None:
     sim.at(sim.net.push(w, sim.now), APPLY, w, c)
 
   def apply(w: int, c: int, _) -> None:
     state["version"] += 1
-    sim.emit("apply", w, iteration=c, version=state["version"])
+    sim.emit("apply", w, iteration=c, version=state["version"],
+             duration=computing.pop((w, c)))
     clocks[w] += 1
     # Release the longest-waiting workers first: their pulls queue first.
     for v in sorted(waiting, key=lambda v: (waiting[v], v)):
