@@ -1,4 +1,4 @@
-"""The command line: ``jaxdl run | list``."""
+"""The command line: ``jaxdl run | compare | report | list``."""
 from __future__ import annotations
 
 import os
@@ -6,25 +6,32 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from jaxdl.errors import ConfigError
+
 USAGE = """usage: jaxdl COMMAND [FLAGS]
 
 commands:
-  run     train one configuration into a run directory (jaxdl run --help)
-  list    list datasets, models, optimizers, algorithms and engines
+  run      train one configuration into a run directory (jaxdl run --help)
+  compare  run a grid of algorithms x workers x networks (jaxdl compare --help)
+  report   tables and plots of a comparison directory (jaxdl report --help)
+  list     list datasets, models, optimizers, algorithms and engines
 """
 
 
 # Flags that take several values: "--batch-sizes 32,48,48" reads as "32 48 48".
 LIST_FLAGS = ("--batch-sizes", "--worker-speeds", "--lr-milestones")
+COMPARE_LIST_FLAGS = ("--algorithms", "--workers", "--staleness-bounds",
+                      "--communication-periods", "--gossip-probabilities", "--networks",
+                      "--timing-networks")
 
 
-def _split_lists(args: list[str]) -> list[str]:
+def _split_lists(args: list[str], flags: tuple[str, ...] = LIST_FLAGS) -> list[str]:
   out: list[str] = []
   for arg in args:
     flag, eq, value = arg.partition("=")
-    if eq and flag in LIST_FLAGS:
+    if eq and flag in flags:
       out += [flag, *value.split(",")]
-    elif out and out[-1] in LIST_FLAGS and "," in arg:
+    elif out and out[-1] in flags and "," in arg:
       out += [v for v in arg.split(",") if v]
     else:
       out.append(arg)
@@ -67,6 +74,54 @@ def _run(args: list[str]) -> int:
   return 0
 
 
+def _compare(args: list[str]) -> int:
+  import tyro
+
+  from jaxdl import compare
+  from jaxdl.config import RunConfig
+  from jaxdl.report import Report
+
+  opts, rest = tyro.cli(compare.CompareArgs, args=_split_lists(args, COMPARE_LIST_FLAGS),
+                        return_unknown_args=True, prog="jaxdl compare")
+  grid = compare.load_experiment(opts.experiment) if opts.experiment else compare.DEFAULT_GRID
+  run_flags = {}
+  if rest:  # `jaxdl run` flags: settings shared by every cell
+    base = RunConfig.make(**dict(grid.run))
+    given = tyro.cli(RunConfig, args=_split_lists(rest), default=base, prog="jaxdl compare",
+                     config=(tyro.conf.OmitArgPrefixes,))
+    run_flags = {k: v for k, v in given.flat().items() if v != base.flat()[k]}
+  grid = compare.apply_args(grid, opts, run_flags)
+  status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,
+                            progress=opts.progress)
+  report = Report(opts.out, opts.target_accuracy)
+  print(report.tables())
+  if opts.report:
+    print(f"report: {report.write()}")
+  failed = [name for name, s in status.items() if s["status"] == "failed"]
+  if failed:
+    print(f"{len(failed)} of {len(status)} cells failed (errors in "
+          f"{Path(opts.out) / compare.CELLS_FILE}); rerun the command to retry them",
+          file=sys.stderr)
+  return 1 if failed else 0
+
+
+def _report(args: list[str]) -> int:
+  import tyro
+
+  from jaxdl.report import Report, ReportArgs
+
+  opts = tyro.cli(ReportArgs, args=args, prog="jaxdl report")
+  directory = Path(opts.dir)
+  if not directory.is_dir() or not any(p.joinpath("summary.json").exists()
+                                       for p in directory.iterdir()):
+    raise ConfigError("dir", opts.dir, "a comparison directory with finished run "
+                      "directories (jaxdl compare --out DIR)")
+  report = Report(directory, opts.target_accuracy)
+  print(report.tables())
+  print(f"report: {report.write()}")
+  return 0
+
+
 def _list(args: list[str]) -> int:
   if args:
     print("usage: jaxdl list", file=sys.stderr)
@@ -90,7 +145,8 @@ def _list(args: list[str]) -> int:
   return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "list": _list}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "run": _run, "compare": _compare, "report": _report, "list": _list}
 
 
 def _environment() -> None:
@@ -113,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxdl: error: unknown command {argv[0]!r}; allowed: {', '.join(COMMANDS)}",
           file=sys.stderr)
     return 2
-  from jaxdl.errors import ConfigError
   try:
     return command(argv[1:])
   except ConfigError as e:

@@ -1,0 +1,419 @@
+"""`jaxdl compare`: a grid of runs (algorithms x workers x networks), one run
+directory per cell under one comparison directory, run in parallel processes.
+
+A grid is a frozen `Grid`: its `variants` (an algorithm with settings, named
+like ``ssp_s3``, ``easgd_tau4``, ``gosgd_p0.1``), worker counts, networks and
+the run flags every cell shares. `run_grid` runs the cells that have no
+``summary.json`` yet (so an interrupted comparison resumes), records each
+cell's outcome in ``cells.json`` and goes on past a failed cell. Besides the
+training cells, each variant gets a *timing* cell per `timing_networks`
+entry: a ``--dry-run`` of the same schedule on another network, which gives
+its simulated throughput without the math.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import dataclasses
+import importlib.util
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterable
+
+from jaxdl import rundir
+from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig
+from jaxdl.errors import ConfigError
+
+GRID_FILE, CELLS_FILE = "grid.json", "cells.json"
+
+# The setting that tells an algorithm's variants apart, and its short name in
+# the variant's name (the paper's symbol): ssp_s3, easgd_tau4, gosgd_p0.1.
+SETTING_OF = {"ssp": "staleness_bound", "easgd": "communication_period",
+              "local_sgd": "communication_period", "gosgd": "gossip_probability"}
+ABBREVIATION = {"staleness_bound": "s", "communication_period": "tau",
+                "gossip_probability": "p", "elasticity": "alpha"}
+_SUFFIX = re.compile(r"_(s|tau|p|alpha)(\d+(?:\.\d*)?(?:e-?\d+)?)$")
+# Runs with these algorithms have one worker: the baseline.
+ONE_WORKER = ("sgd",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One column of a comparison: an algorithm with its settings (flat config fields)."""
+  algorithm: str
+  settings: tuple[tuple[str, Any], ...] = ()
+  name: str | None = None
+  """Default: the algorithm, then ``_<symbol><value>`` per setting (ssp_s3)."""
+
+  @property
+  def label(self) -> str:
+    if self.name:
+      return self.name
+    parts = [self.algorithm] + [f"{ABBREVIATION.get(k, k)}{_number(v)}" for k, v in self.settings]
+    return "_".join(parts)
+
+  @classmethod
+  def parse(cls, spec: str) -> Variant:
+    """``ssp_s3`` -> Variant("ssp", (("staleness_bound", 3),)); ``asp`` -> Variant("asp")."""
+    settings, rest = [], spec
+    while match := _SUFFIX.search(rest):
+      field = {v: k for k, v in ABBREVIATION.items()}[match.group(1)]
+      settings.insert(0, (field, _parse_number(match.group(2), field)))
+      rest = rest[:match.start()]
+    if not rest:
+      raise ConfigError("algorithms", spec, "ALGORITHM or ALGORITHM_<s|tau|p|alpha><number>")
+    return cls(rest, tuple(settings))
+
+
+def _number(v: Any) -> str:
+  return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _parse_number(text: str, field: str) -> int | float:
+  return float(text) if field in ("gossip_probability", "elasticity") else int(float(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of the grid: a variant at a worker count on a network."""
+  name: str
+  variant: str
+  algorithm: str
+  workers: int
+  network: str
+  timing: bool
+  overrides: dict[str, Any]
+  """Flat RunConfig fields of this run, on top of the grid's `run`."""
+
+
+# Shared run flags of the default grid: the mlp on digits, plain SGD updates at
+# a rate that ASP with 16 workers survives, and a simulated compute time
+# (0.2 ms per batch) that puts the 10 Gb/s link near the compute/communication
+# balance of IPDPS'21's ResNet-50 on Titan V (56 Gb/s then takes 5.6x less).
+DEFAULT_RUN = (("dataset", "digits"), ("model", "mlp"), ("engine", "sim"),
+               ("batch_size", 8), ("lr", 0.05), ("momentum", 0.0),
+               ("schedule", "constant"), ("epochs", 5.0), ("compute_time", 2e-4),
+               ("jitter", 0.1), ("seed", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """A comparison: variants x workers x networks, with shared run flags."""
+  variants: tuple[Variant, ...]
+  workers: tuple[int, ...] = (4, 8, 16)
+  networks: tuple[str, ...] = ("10gbps",)
+  timing_networks: tuple[str, ...] = ("56gbps",)
+  """Networks of the timing-only (dry-run) cells: speedup at other bandwidths."""
+  run: tuple[tuple[str, Any], ...] = DEFAULT_RUN
+  """Flat `jaxdl run` fields shared by every cell."""
+
+  def replace(self, **changes: Any) -> Grid:
+    return dataclasses.replace(self, **changes)
+
+  def with_run(self, **flat: Any) -> Grid:
+    """The grid with shared run fields added or replaced."""
+    RunConfig.make(**flat)  # unknown names fail here, with the field named
+    return self.replace(run=tuple({**dict(self.run), **flat}.items()))
+
+  def with_setting(self, field: str, values: Iterable[Any]) -> Grid:
+    """Each variant whose algorithm is told apart by `field` (SETTING_OF)
+    becomes one variant per value."""
+    out: list[Variant] = []
+    for v in self.variants:
+      if SETTING_OF.get(v.algorithm) != field:
+        out.append(v)
+        continue
+      rest = tuple((k, x) for k, x in v.settings if k != field)
+      for value in values:
+        new = Variant(v.algorithm, ((field, value),) + rest)
+        if new not in out:
+          out.append(new)
+    return self.replace(variants=tuple(out))
+
+  def cells(self) -> list[Cell]:
+    """Every cell, training cells first, in a fixed order (names are stable)."""
+    labels = [v.label for v in self.variants]
+    duplicates = {x for x in labels if labels.count(x) > 1}
+    if duplicates:
+      raise ConfigError("algorithms", sorted(duplicates)[0], "each variant once")
+    many_networks = len(self.networks) > 1
+    train, timing = [], []
+    for v in self.variants:
+      workers = (1,) if v.algorithm in ONE_WORKER else self.workers
+      for m in workers:
+        base = {**dict(v.settings), "algorithm": v.algorithm, "workers": m}
+        for net in self.networks:
+          name = f"{v.label}-m{m}" + (f"-{net}" if many_networks else "")
+          train.append(Cell(name, v.label, v.algorithm, m, net, False,
+                            {**base, "network": net}))
+        for net in self.timing_networks:
+          if net not in self.networks:
+            timing.append(Cell(f"{v.label}-m{m}-{net}-timing", v.label, v.algorithm, m, net,
+                               True, {**base, "network": net, "dry_run": True}))
+    return train + timing
+
+  def config(self, cell: Cell, out: Path) -> RunConfig:
+    return RunConfig.make(**{**dict(self.run), **cell.overrides, "out": str(out / cell.name),
+                             "resume": True, "progress": False})
+
+
+# IPDPS'21 Table III's columns (BSP, ASP, SSP s=3/10, EASGD tau=4/8, GoSGD
+# p=1/0.1/0.01, AD-PSGD) and LC-ASGD Table 3's (SGD, SSGD, ASGD, DC-ASGD,
+# LC-ASGD); AR-SGD stands for the all-reduce family.
+DEFAULT_GRID = Grid(variants=(
+    Variant("sgd"), Variant("bsp"), Variant("ar_sgd"), Variant("asp"),
+    Variant("ssp", (("staleness_bound", 3),)), Variant("ssp", (("staleness_bound", 10),)),
+    Variant("easgd", (("communication_period", 4),)),
+    Variant("easgd", (("communication_period", 8),)),
+    Variant("gosgd", (("gossip_probability", 1.0),)),
+    Variant("gosgd", (("gossip_probability", 0.1),)),
+    Variant("gosgd", (("gossip_probability", 0.01),)),
+    Variant("ad_psgd"), Variant("dc_asgd"), Variant("lc_asgd")))
+
+
+def load_experiment(path: str) -> Grid:
+  """The `GRID` that a Python file (e.g. experiments/ipdps21.py) defines."""
+  if not Path(path).is_file():
+    raise ConfigError("experiment", path, "a Python file that defines GRID")
+  spec = importlib.util.spec_from_file_location("jaxdl_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  grid = getattr(module, "GRID", None)
+  if not isinstance(grid, Grid):
+    raise ConfigError("experiment", path, "a file that defines GRID = jaxdl.compare.Grid(...)")
+  return grid
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareArgs:
+  """Run a grid of algorithms x workers x networks; each cell is a run directory
+  under --out. Any `jaxdl run` flag (e.g. --epochs 3 --lr 0.1) sets a run setting
+  that every cell shares. Finished cells are skipped, so rerunning the same
+  command resumes an interrupted comparison; a failed cell is reported and the
+  others go on (exit code 1 if any failed)."""
+  experiment: str | None = None
+  """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py); the flags below override it. Unset: the miniature IPDPS'21 + LC-ASGD grid on digits."""
+  algorithms: tuple[str, ...] | None = None
+  """Variants, e.g. sgd bsp asp ssp_s3 easgd_tau8 gosgd_p0.1 ad_psgd; a bare ssp, easgd, local_sgd or gosgd takes the values of the lists below."""
+  workers: tuple[int, ...] | None = None
+  """Worker counts (sgd, the one-worker baseline, runs at 1 only)."""
+  staleness_bounds: tuple[int, ...] | None = None
+  """ssp variants, one per bound s."""
+  communication_periods: tuple[int, ...] | None = None
+  """easgd and local_sgd variants, one per period tau."""
+  gossip_probabilities: tuple[float, ...] | None = None
+  """gosgd variants, one per probability p."""
+  networks: tuple[str, ...] | None = None
+  """Networks of the training cells, e.g. 10gbps 1gbps."""
+  timing_networks: tuple[str, ...] | None = None
+  """Networks of the timing-only (--dry-run) cells, for speedup at other bandwidths."""
+  out: str = "runs/compare"
+  """The comparison directory."""
+  jobs: int = 0
+  """Cells run at once, each in its own process (0: one per CPU core, at most 8)."""
+  overwrite: bool = False
+  """Delete the grid's cells in --out and run them all again."""
+  target_accuracy: float | None = None
+  """Accuracy for the time-to-accuracy columns (unset: 95% of one-worker SGD's, rounded down)."""
+  report: bool = True
+  """Write report.md and the PNG plots into --out at the end."""
+  progress: bool = True
+  """Show a progress bar."""
+
+
+# Fields that the grid sets per cell: as shared run flags they would be overridden.
+PER_CELL = {"algorithm": "--algorithms", "workers": "--workers", "network": "--networks",
+            "dry_run": "--timing-networks", "out": "--out", "resume": "(always on)",
+            "overwrite": "--overwrite", "progress": "--progress", "config": "--experiment",
+            "staleness_bound": "--staleness-bounds",
+            "communication_period": "--communication-periods",
+            "gossip_probability": "--gossip-probabilities"}
+
+
+def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid:
+  """The grid with the command line's choices: `args`, then the shared run flags."""
+  for field, value in run_flags.items():
+    if field in PER_CELL and field not in SETTING_OF.values():
+      raise ConfigError(field, value, f"set per cell by jaxdl compare; use {PER_CELL[field]}")
+  if args.algorithms is not None:
+    grid = grid.replace(variants=tuple(Variant.parse(s) for s in args.algorithms))
+  if args.workers is not None:
+    if not args.workers or min(args.workers) < 1:
+      raise ConfigError("workers", args.workers, "worker counts >= 1")
+    grid = grid.replace(workers=tuple(args.workers))
+  for field, values in (("staleness_bound", args.staleness_bounds),
+                        ("communication_period", args.communication_periods),
+                        ("gossip_probability", args.gossip_probabilities)):
+    if values:
+      grid = grid.with_setting(field, values)
+  if args.networks is not None:
+    grid = grid.replace(networks=tuple(args.networks))
+  if args.timing_networks is not None:
+    grid = grid.replace(timing_networks=tuple(args.timing_networks))
+  if args.jobs < 0:
+    raise ConfigError("jobs", args.jobs, "a number >= 0 (0: one per CPU core)")
+  return grid.with_run(**run_flags) if run_flags else grid
+
+
+def check_cells(grid: Grid, out: Path) -> dict[str, str]:
+  """Validates every cell's config; returns the cells that cannot run, with
+  why. An error in a shared setting is raised: no cell could run."""
+  from jaxdl.config import validate
+  per_cell = {"algorithm", "workers", "network", *ABBREVIATION}
+  invalid = {}
+  for cell in grid.cells():
+    try:
+      validate(grid.config(cell, out))
+    except ConfigError as e:
+      if e.field not in per_cell and e.field not in cell.overrides:
+        raise
+      invalid[cell.name] = f"ConfigError: {e}"
+  return invalid
+
+
+# ----------------------------------------------------------------- execution
+
+
+def _run_cell(config_dict: dict) -> dict:
+  """Runs in a pool process: one cell, errors returned as text (a ConfigError
+  does not survive pickling)."""
+  from jaxdl.runner import run
+  t0 = time.perf_counter()
+  try:
+    summary = run(RunConfig.from_dict(config_dict))
+  except Exception as e:  # a failed cell is reported, the others go on
+    return {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0],
+            "traceback": traceback.format_exc(), "seconds": time.perf_counter() - t0}
+  return {"status": "done", "seconds": time.perf_counter() - t0,
+          "test_accuracy": summary.get("test_accuracy")}
+
+
+def _worker_init() -> None:
+  # Several processes on one accelerator: none may take most of its memory.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def default_jobs() -> int:
+  """One process per CPU core, at most 8."""
+  return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+def _check_existing(grid: Grid, cells: list[Cell], out: Path) -> None:
+  """A finished cell is skipped only if it ran this cell's config."""
+  for cell in cells:
+    stored_path = out / cell.name / "config.json"
+    if not stored_path.exists():
+      continue
+    stored = RunConfig.load(str(stored_path)).flat()
+    for field, value in grid.config(cell, out).flat().items():
+      if field not in RUN_CONTROL_FIELDS and stored.get(field) != value:
+        raise ConfigError("out", str(out), f"a new directory or one holding this comparison "
+                          f"(cell {cell.name} has {field}={stored.get(field)!r}, not {value!r}); "
+                          "--overwrite replaces it")
+
+
+def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
+             overwrite: bool = False, progress: bool = True) -> dict[str, dict]:
+  """Runs the grid's unfinished cells into `out`; returns cells.json's content."""
+  out = Path(out)
+  cells = grid.cells()
+  invalid = check_cells(grid, out)  # a bad shared setting fails here, before any write
+  if overwrite and out.exists():
+    for cell in cells:
+      shutil.rmtree(out / cell.name, ignore_errors=True)
+  _check_existing(grid, cells, out)
+  out.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(out / GRID_FILE, {"grid": _grid_dict(grid),
+                                "cells": [dataclasses.asdict(c) for c in cells]})
+  status: dict[str, dict] = {}
+  todo = []
+  for cell in cells:
+    if (out / cell.name / "summary.json").exists():
+      status[cell.name] = {"status": "done", "skipped": True}
+    elif cell.name in invalid:
+      status[cell.name] = {"status": "failed", "error": invalid[cell.name]}
+    else:
+      todo.append(cell)
+  rundir.write_json(out / CELLS_FILE, status)
+  progress_bar = _Progress(cells, todo, progress, failed=len(invalid))
+  for name, error in invalid.items():
+    progress_bar.bar.write(f"cell {name} failed: {error}")
+  jobs = min(jobs or default_jobs(), max(1, len(todo)))
+  queue, pool, running = list(todo), None, {}
+  try:
+    while queue or running:
+      if pool is None:
+        pool = futures.ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"),
+                                           initializer=_worker_init)
+      while queue and len(running) < jobs:
+        cell = queue.pop(0)
+        running[pool.submit(_run_cell, grid.config(cell, out).to_dict())] = cell
+        progress_bar.start(cell)
+      finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+      broken = False
+      for future in finished:
+        cell = running.pop(future)
+        try:
+          result = future.result()
+        except futures.process.BrokenProcessPool:  # a process died: its cells fail
+          result, broken = {"status": "failed", "error": "the worker process died"}, True
+        status[cell.name] = result
+        progress_bar.finish(cell, result)
+        rundir.write_json(out / CELLS_FILE, status)
+      if broken:  # a new pool for the rest
+        pool.shutdown(cancel_futures=True)
+        pool = None
+  finally:
+    if pool is not None:
+      pool.shutdown(cancel_futures=True)
+    progress_bar.close()
+  return {c.name: status[c.name] for c in cells if c.name in status}
+
+
+class _Progress:
+  """Cells done of all, failures, the running ones and the time left (a timing
+  cell counts as 1/20 of a training cell)."""
+
+  def __init__(self, cells: list[Cell], todo: list[Cell], enabled: bool, failed: int):
+    from tqdm.auto import tqdm
+    self.weight = {c.name: 0.05 if c.timing else 1.0 for c in cells}
+    self.total, self.done = len(cells), len(cells) - len(todo)
+    self.failed, self.running = failed, []
+    self.bar = tqdm(total=round(sum(self.weight[c.name] for c in todo), 2), disable=not enabled,
+                    desc="compare", dynamic_ncols=True,
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+    self._show()
+
+  def start(self, cell: Cell) -> None:
+    self.running.append(cell.name)
+    self._show()
+
+  def finish(self, cell: Cell, result: dict) -> None:
+    self.running.remove(cell.name)
+    self.done += 1
+    if result["status"] == "failed":
+      self.failed += 1
+      self.bar.write(f"cell {cell.name} failed: {result['error']}")
+    self.bar.update(self.weight[cell.name])
+    self._show()
+
+  def _show(self) -> None:
+    failed = f", {self.failed} failed" if self.failed else ""
+    self.bar.set_description_str(f"compare: {self.done}/{self.total} cells{failed}, running "
+                                 f"{', '.join(self.running) or '-'};", refresh=True)
+
+  def close(self) -> None:
+    self.bar.close()
+
+
+def _grid_dict(grid: Grid) -> dict:
+  return {"variants": [{"name": v.label, "algorithm": v.algorithm,
+                        "settings": dict(v.settings)} for v in grid.variants],
+          "workers": list(grid.workers), "networks": list(grid.networks),
+          "timing_networks": list(grid.timing_networks), "run": dict(grid.run)}
+

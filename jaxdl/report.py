@@ -1,0 +1,285 @@
+"""`jaxdl report DIR`: tables (markdown) and plots (PNG) of a comparison directory.
+
+Reads each cell's ``config.json``, ``summary.json``, ``metrics.jsonl`` and,
+for simulated runs, ``trace.jsonl`` (the simulated time of each step). The
+cells are those of ``grid.json`` when `jaxdl compare` wrote one, else every
+run directory in DIR. Time is simulated time for sim runs, wall time otherwise.
+
+Definitions (the baseline is the one-worker ``sgd`` cell on the same network):
+  degradation  = (error - baseline error) / baseline error, in %
+  speedup      = samples per second / the baseline's samples per second
+  time to acc. = first evaluation at or above the target accuracy
+  TTA speedup  = the baseline's time to accuracy / the cell's
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import tyro
+
+from jaxdl.compare import ABBREVIATION, CELLS_FILE, GRID_FILE, SETTING_OF
+
+BASELINE = "sgd"
+REPORT = "report.md"
+PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportArgs:
+  """Write report.md and PNG plots of a comparison directory (from jaxdl compare)
+  into it, and print the tables."""
+  dir: tyro.conf.Positional[str]
+  """The comparison directory."""
+  target_accuracy: float | None = None
+  """Accuracy for the time-to-accuracy columns (unset: 95% of one-worker SGD's, rounded down)."""
+
+
+@dataclasses.dataclass
+class CellResult:
+  """What the report needs of one run directory."""
+  name: str
+  variant: str
+  workers: int
+  network: str
+  timing: bool
+  summary: dict[str, Any]
+  curve: list[dict[str, float]]
+  """Evaluations: step, epoch, time (simulated or wall) and test_accuracy."""
+
+  @property
+  def time_s(self) -> float | None:
+    return self.summary.get("simulated_time_s", self.summary.get("wall_time_s"))
+
+  @property
+  def throughput(self) -> float | None:
+    t = self.time_s
+    samples = self.summary.get("samples")
+    return samples / t if t and samples else None
+
+  def time_to(self, target: float) -> float | None:
+    return next((p["time"] for p in self.curve if p["test_accuracy"] >= target), None)
+
+
+def _variant_of(config: dict) -> str:
+  algorithm = config["algorithm"]
+  field = SETTING_OF.get(algorithm)
+  if field is None:
+    return algorithm
+  value = config[field]
+  return f"{algorithm}_{ABBREVIATION[field]}{value:g}" if isinstance(value, float) else \
+      f"{algorithm}_{ABBREVIATION[field]}{value}"
+
+
+def _flat(path: Path) -> dict:
+  d = json.loads(path.read_text())
+  return {k: v for s in d.values() for k, v in s.items()} if all(
+      isinstance(v, dict) for v in d.values()) else d
+
+
+def step_times(trace: Path, num_workers: int) -> list[float]:
+  """Simulated time at the end of each step (every M-th worker iteration; a
+  synchronous "step" event is all M at once), as the sim engine counts steps."""
+  times, done = [], 0
+  with open(trace) as f:
+    for line in f:
+      e = json.loads(line)
+      kind = e["kind"]
+      done += num_workers if kind == "step" else kind in ("apply", "local")
+      if done and done % num_workers == 0 and kind in ("apply", "local", "step"):
+        times.append(e["time"])
+  return times
+
+
+def _curve(run: Path, summary: dict, workers: int) -> list[dict[str, float]]:
+  path = run / "metrics.jsonl"
+  if not path.exists():
+    return []
+  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  records = [r for r in records if "test_accuracy" in r]
+  simulated = "simulated_time_s" in summary and (run / "trace.jsonl").exists()
+  ends = step_times(run / "trace.jsonl", workers) if simulated else []
+  return [{"step": r["step"], "epoch": r["epoch"], "test_accuracy": r["test_accuracy"],
+           "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
+          for r in records]
+
+
+def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
+  """The finished cells of a comparison directory, and every cell's status."""
+  directory = Path(directory)
+  status = {}
+  if (directory / CELLS_FILE).exists():
+    status = json.loads((directory / CELLS_FILE).read_text())
+  if (directory / GRID_FILE).exists():
+    grid = json.loads((directory / GRID_FILE).read_text())
+    cells = [(c["name"], c["variant"]) for c in grid["cells"]]
+  else:
+    cells = [(p.name, None) for p in sorted(directory.iterdir())
+             if (p / "config.json").exists()]
+  results = []
+  for name, variant in cells:
+    run = directory / name
+    if not (run / "summary.json").exists():
+      continue
+    config = _flat(run / "config.json")
+    summary = json.loads((run / "summary.json").read_text())
+    workers = config["workers"]
+    results.append(CellResult(name, variant or _variant_of(config), workers,
+                              config["network"], bool(config.get("dry_run")), summary,
+                              _curve(run, summary, workers)))
+  return results, status
+
+
+# -------------------------------------------------------------------- tables
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+  return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _variants(cells: list[CellResult]) -> list[str]:
+  return list(dict.fromkeys(c.variant for c in cells))
+
+
+def _workers(cells: list[CellResult]) -> list[int]:
+  return sorted({c.workers for c in cells})
+
+
+class Report:
+  """Tables and plots of one comparison directory."""
+
+  def __init__(self, directory: str | Path, target_accuracy: float | None = None):
+    self.directory = Path(directory)
+    cells, self.status = load(self.directory)
+    self.train = [c for c in cells if not c.timing]
+    self.timing = [c for c in cells if c.timing]
+    self.networks = list(dict.fromkeys(c.network for c in self.train))
+    self.main = self.networks[0] if self.networks else None
+    baseline = self.baseline(self.main)
+    if target_accuracy is None:
+      best = baseline or max(self.train, key=lambda c: c.summary.get("test_accuracy", 0),
+                             default=None)
+      target_accuracy = (math.floor(0.95 * best.summary["test_accuracy"] * 100) / 100
+                         if best else 0.0)
+    self.target = target_accuracy
+
+  def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
+    pool = self.timing if timing else self.train
+    return next((c for c in pool if c.variant == BASELINE and c.workers == 1
+                 and c.network == network), None)
+
+  def _cell(self, variant: str, workers: int, network: str,
+            timing: bool = False) -> CellResult | None:
+    pool = self.timing if timing else self.train
+    return next((c for c in pool if (c.variant, c.workers, c.network) ==
+                 (variant, workers, network)), None)
+
+  def accuracy_table(self, network: str) -> str:
+    """IPDPS'21 Table III: test accuracy, rows workers, columns algorithms."""
+    cells = [c for c in self.train if c.network == network]
+    variants = _variants(cells)
+    rows = []
+    for m in _workers(cells):
+      row = [self._cell(v, m, network) for v in variants]
+      if any(row):
+        rows.append([str(m)] + [_fmt(c.summary.get("test_accuracy") if c else None)
+                                for c in row])
+    return _markdown(["workers"] + variants, rows)
+
+  def error_table(self, network: str) -> str:
+    """LC-ASGD Table 3: test error % and degradation against one-worker SGD."""
+    cells = [c for c in self.train if c.network == network]
+    base = self.baseline(network)
+    base_error = 100 * (1 - base.summary["test_accuracy"]) if base else None
+    rows = []
+    for m in _workers(cells):
+      row = [str(m)]
+      for v in _variants(cells):
+        c = self._cell(v, m, network)
+        if c is None:
+          row.append("")
+          continue
+        error = 100 * (1 - c.summary["test_accuracy"])
+        row.append(f"{error:.2f}" if c is base or not base_error else
+                   f"{error:.2f} ({degradation(error, base_error):+.1f}%)")
+      rows.append(row)
+    return _markdown(["workers"] + _variants(cells), rows)
+
+  def scaling_table(self, network: str) -> str:
+    """Throughput speedup (here and on the timing networks), time to the
+    target accuracy, waiting, staleness and bytes, one row per cell."""
+    base = self.baseline(network)
+    timing_nets = list(dict.fromkeys(c.network for c in self.timing if c.network != network))
+    header = (["cell", "time (s)", "samples/s", "speedup"]
+              + [f"speedup @{n}" for n in timing_nets]
+              + [f"time to {self.target:.2f} (s)", "TTA speedup", "wait (% of time)",
+                 "staleness mean/max", "bytes sent (MB)"])
+    rows = []
+    for c in (c for c in self.train if c.network == network):
+      s = c.summary
+      row = [f"{c.variant} ×{c.workers}", _fmt(c.time_s, ".4g"), _fmt(c.throughput, ",.0f"),
+             _fmt(ratio(c.throughput, base and base.throughput), ".2f")]
+      for n in timing_nets:
+        t, b = self._cell(c.variant, c.workers, n, True), self.baseline(n, True)
+        row.append(_fmt(ratio(t and t.throughput, b and b.throughput), ".2f"))
+      tta = c.time_to(self.target)
+      wait = s.get("wait_s")
+      wait_pct = (100 * sum(wait) / len(wait) / c.time_s if wait and c.time_s else None)
+      stale = (f"{s['staleness_mean']:.2f} / {s['staleness_max']}"
+               if s.get("staleness_mean") is not None else "—")
+      mb = s.get("bytes_total")
+      row += [_fmt(tta, ".4g"), _fmt(ratio(base and base.time_to(self.target), tta), ".2f"),
+              _fmt(wait_pct, ".1f"), stale, _fmt(mb / 1e6 if mb is not None else None, ".1f")]
+      rows.append(row)
+    return _markdown(header, rows)
+
+  def failures(self) -> list[tuple[str, str]]:
+    return [(name, s.get("error", "")) for name, s in self.status.items()
+            if s.get("status") == "failed"]
+
+  def tables(self) -> str:
+    """Every table, as markdown (also what `jaxdl compare` prints)."""
+    parts = []
+    for net in self.networks:
+      where = f" ({net})" if len(self.networks) > 1 else ""
+      parts += [f"### Test accuracy{where} (layout of IPDPS'21 Table III)",
+                self.accuracy_table(net),
+                f"### Test error %, degradation against one-worker SGD{where} "
+                "(layout of LC-ASGD Table 3)", self.error_table(net),
+                f"### Speedup, time to accuracy, waiting, staleness, bytes{where}",
+                self.scaling_table(net)]
+    failed = self.failures()
+    if failed:
+      parts += ["### Failed cells", "\n".join(f"- `{n}`: {e}" for n, e in failed)]
+    return "\n\n".join(parts) + "\n"
+
+  def write(self) -> Path:
+    """Writes report.md and the PNG plots into the directory; returns report.md."""
+    from jaxdl import plots
+    written = plots.write_all(self, self.directory)
+    intro = (f"# Comparison: {self.directory.name}\n\n"
+             f"{len(self.train)} training runs, {len(self.timing)} timing runs. Time is "
+             "simulated time for sim runs, wall time otherwise. Degradation = (error − "
+             "one-worker SGD's error) / SGD's error; speedup = samples/s over one-worker "
+             f"SGD's on the same network; target accuracy {self.target:.2f}.\n\n")
+    figures = "\n".join(f"![{p.stem}]({p.name})" for p in written)
+    path = self.directory / REPORT
+    path.write_text(intro + self.tables() + "\n### Plots\n\n" + figures + "\n")
+    return path
+
+
+def degradation(error: float, base_error: float) -> float:
+  """Relative increase of the test error over the baseline's, in %."""
+  return 100 * (error - base_error) / base_error
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+  return a / b if a and b else None

@@ -1,0 +1,111 @@
+"""`jaxdl compare`: grid expansion, parallel cells, resume, failed cells, bad input."""
+import json
+
+import pytest
+
+from jaxdl import compare
+from jaxdl.cli import main
+from jaxdl.compare import DEFAULT_GRID, Grid, Variant
+from jaxdl.errors import ConfigError
+
+
+@pytest.mark.parametrize("spec,algorithm,settings", [
+    ("asp", "asp", ()),
+    ("ar_sgd", "ar_sgd", ()),
+    ("ad_psgd", "ad_psgd", ()),
+    ("ssp_s3", "ssp", (("staleness_bound", 3),)),
+    ("easgd_tau8", "easgd", (("communication_period", 8),)),
+    ("local_sgd_tau4", "local_sgd", (("communication_period", 4),)),
+    ("gosgd_p0.01", "gosgd", (("gossip_probability", 0.01),)),
+])
+def test_variant_names_parse_and_print_back(spec, algorithm, settings):
+  variant = Variant.parse(spec)
+  assert (variant.algorithm, variant.settings) == (algorithm, settings)
+  assert variant.label == spec
+
+
+def test_default_grid_is_ipdps_and_lc_asgd_in_miniature():
+  cells = DEFAULT_GRID.cells()
+  train = [c for c in cells if not c.timing]
+  names = [c.name for c in cells]
+  assert len(set(names)) == len(names)
+  # 13 distributed variants at 4, 8 and 16 workers, and one-worker SGD
+  assert len(train) == 13 * 3 + 1
+  for name in ("sgd-m1", "bsp-m4", "ar_sgd-m8", "asp-m16", "ssp_s3-m4", "ssp_s10-m16",
+               "easgd_tau4-m8", "easgd_tau8-m8", "gosgd_p1-m4", "gosgd_p0.1-m8",
+               "gosgd_p0.01-m16", "ad_psgd-m16", "dc_asgd-m8", "lc_asgd-m16"):
+    assert name in names, name
+  ssp = next(c for c in cells if c.name == "ssp_s10-m16")
+  assert ssp.overrides == {"staleness_bound": 10, "algorithm": "ssp", "workers": 16,
+                           "network": "10gbps"}
+  timing = [c for c in cells if c.timing]
+  assert len(timing) == len(train) and all(c.overrides["dry_run"] for c in timing)
+  assert {c.network for c in timing} == {"56gbps"}
+
+
+def test_setting_lists_expand_the_variants_they_apply_to():
+  grid = Grid(variants=(Variant("asp"), Variant("ssp"), Variant("easgd")))
+  grid = grid.with_setting("staleness_bound", (1, 5)).with_setting("communication_period", (2,))
+  assert [v.label for v in grid.variants] == ["asp", "ssp_s1", "ssp_s5", "easgd_tau2"]
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--network", "1gbps"], "--network"),      # set per cell: --networks
+    (["--algorithm", "asp"], "--algorithm"),
+    (["--workers", "0"], "--workers"),
+    (["--jobs", "-1"], "--jobs"),
+    (["--lr", "-1"], "--lr"),                   # a shared flag no cell can run with
+    (["--experiment", "experiments/none.py"], "--experiment"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, flag):
+  out = tmp_path / "cmp"
+  assert main(["compare", "--out", str(out), "--no-progress", *args]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
+  assert not out.exists()
+
+
+def test_experiment_file_defines_the_grid_and_flags_override_it(tmp_path):
+  path = tmp_path / "exp.py"
+  path.write_text("from jaxdl.compare import Grid, Variant\n"
+                  "GRID = Grid(variants=(Variant('asp'), Variant('gosgd')), workers=(2,))\n")
+  grid = compare.load_experiment(str(path))
+  assert grid.workers == (2,) and [v.label for v in grid.variants] == ["asp", "gosgd"]
+  args = compare.CompareArgs(workers=(4, 8), gossip_probabilities=(0.5,))
+  grid = compare.apply_args(grid, args, {"epochs": 2.0})
+  assert grid.workers == (4, 8) and [v.label for v in grid.variants] == ["asp", "gosgd_p0.5"]
+  assert dict(grid.run)["epochs"] == 2.0 and dict(grid.run)["model"] == "mlp"
+
+
+TINY = Grid(
+    variants=(Variant("sgd"), Variant("asp"), Variant("nope")),
+    workers=(2, 16), timing_networks=("56gbps",),
+    run=(("model", "mlp"), ("engine", "sim"), ("steps", 3), ("batch_size", 100),
+         ("momentum", 0.0), ("compute_time", 1e-4)))
+
+
+def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
+  out = tmp_path / "cmp"
+  status = compare.run_grid(TINY, out, jobs=2, progress=False)
+  done = {n for n, s in status.items() if s["status"] == "done"}
+  assert done == {"sgd-m1", "asp-m2", "sgd-m1-56gbps-timing", "asp-m2-56gbps-timing"}
+  # unknown algorithm: refused before running; 16 workers' shards (89) < batch 100:
+  # fails inside its process. Both are reported, the others finished.
+  assert "--algorithm='nope'" in status["nope-m2"]["error"]
+  assert "--batch-size" in status["asp-m16"]["error"]
+  assert json.loads((out / "cells.json").read_text()) == status
+  summary = json.loads((out / "asp-m2" / "summary.json").read_text())
+  assert summary["steps"] == 3 and summary["workers"] == 2 and summary["staleness_mean"] > 0
+  assert json.loads((out / "asp-m2-56gbps-timing" / "summary.json").read_text())["dry_run"]
+  config = json.loads((out / "asp-m2" / "config.json").read_text())
+  assert config["cluster"]["network"] == "10gbps" and config["train"]["steps"] == 3
+
+  mtimes = {n: (out / n / "summary.json").stat().st_mtime_ns for n in done}
+  again = compare.run_grid(TINY, out, jobs=2, progress=False)
+  assert {n for n, s in again.items() if s.get("skipped")} == done
+  assert {n: (out / n / "summary.json").stat().st_mtime_ns for n in done} == mtimes
+  assert again["asp-m16"]["status"] == "failed"  # failed cells are tried again
+
+  # The same directory with other settings is refused, naming the cell.
+  with pytest.raises(ConfigError, match="lr"):
+    compare.run_grid(TINY.with_run(lr=0.5), out, jobs=1, progress=False)
