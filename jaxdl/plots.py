@@ -15,9 +15,11 @@ def _pyplot():
   return plt
 
 
-def _colors(variants: list[str]) -> dict[str, object]:
+def _colors(report: Report) -> dict[str, object]:
+  """One color per variant, the same in every plot."""
   import matplotlib
   cmap = matplotlib.colormaps["tab20"]
+  variants = dict.fromkeys(c.variant for c in report.train + report.timing)
   return {v: cmap(i % 20) for i, v in enumerate(variants)}
 
 
@@ -27,7 +29,7 @@ def curves(report: Report, x: str, path: Path) -> Path:
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
   workers = sorted({c.workers for c in cells if c.variant != BASELINE}) or [1]
-  colors = _colors(list(dict.fromkeys(c.variant for c in cells)))
+  colors = _colors(report)
   fig, axes = plt.subplots(1, len(workers), figsize=(4.5 * len(workers), 4), squeeze=False,
                            sharey=True)
   base = report.baseline(report.main)
@@ -50,7 +52,7 @@ def accuracy_against_workers(report: Report, path: Path) -> Path:
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
   variants = list(dict.fromkeys(c.variant for c in cells if c.variant != BASELINE))
-  colors = _colors(variants)
+  colors = _colors(report)
   fig, ax = plt.subplots(figsize=(6, 4))
   for v in variants:
     points = sorted((c.workers, c.summary["test_accuracy"]) for c in cells if c.variant == v)
@@ -79,7 +81,7 @@ def speedup_against_workers(report: Report, path: Path) -> Path:
     base = next((c for c in pool if c.variant == BASELINE and c.network == net), None)
     cells = [c for c in pool if c.network == net and c.variant != BASELINE]
     variants = list(dict.fromkeys(c.variant for c in cells))
-    colors = _colors(variants)
+    colors = _colors(report)
     for v in variants:
       points = sorted((c.workers, ratio(c.throughput, base and base.throughput))
                       for c in cells if c.variant == v)
