@@ -34,6 +34,8 @@ class Args:
   steps: int = 10
   """Sim steps (of M updates each) per arm per round; the single arm takes M times as many."""
   rounds: int = 5
+  batchings: tuple[str, ...] = ("auto",)
+  """Sim engine batchings to time ("auto", "vmap", "loop", "scan"); the ratio is the first's."""
 
 
 def bench_case(case: str, args: Args) -> float:
@@ -49,15 +51,11 @@ def bench_case(case: str, args: Args) -> float:
                           compute_time=0.01)
   problem = Problem(build_model(name, 10, shape), make_optimizer(config.optim, 10**6, 100))
   total = (args.rounds + 2) * args.steps
-  sim = SimEngine(ALGORITHMS.get("asp"), problem, WorkerStreams(split, (batch,) * workers, 0),
-                  config, total)
-  sim_state = [sim.init(jax.random.key(0)), 0]
-
-  def run_sim(n):
-    for _ in range(n):
-      sim_state[0], metrics = sim.step(sim_state[0], sim_state[1])
-      sim_state[1] += 1
-    jax.block_until_ready(sim_state[0])
+  streams = WorkerStreams(split, (batch,) * workers, 0)
+  arms = {}
+  for batching in args.batchings:
+    sim = SimEngine(ALGORITHMS.get("asp"), problem, streams, config, total, batching=batching)
+    arms[f"sim asp, {workers} workers, {batching} ({sim.batching})"] = _sim_arm(sim)
 
   one = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch)
   single = MeshEngine(ALGORITHMS.get("sgd"), problem, WorkerStreams(split, (batch,), 0), one)
@@ -71,12 +69,23 @@ def bench_case(case: str, args: Args) -> float:
       single_state[0], metrics = single.jitted_step(single_state[0], fixed)
     jax.block_until_ready(metrics)
 
-  times = interleaved({"one worker, jitted step": run_single,
-                       f"sim asp, {workers} workers": run_sim}, args.steps, args.rounds,
+  times = interleaved({"one worker, jitted step": run_single, **arms}, args.steps, args.rounds,
                       warmup=1)
-  ratio = 1 / report(f"{name} {side}x{side}, batch {batch}, seconds per {workers} updates",
-                     times, baseline="one worker, jitted step")
-  return ratio
+  # The ratio of the first batching listed.
+  return 1 / report(f"{name} {side}x{side}, batch {batch}, seconds per {workers} updates",
+                    times, baseline="one worker, jitted step")
+
+
+def _sim_arm(sim):
+  """Runs n sim steps from where the last call stopped."""
+  state = [sim.init(jax.random.key(0)), 0]
+
+  def run(n):
+    for _ in range(n):
+      state[0], _ = sim.step(state[0], state[1])
+      state[1] += 1
+    jax.block_until_ready(state[0])
+  return run
 
 
 def main(args: Args) -> int:

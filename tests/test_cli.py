@@ -143,6 +143,34 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
   assert logged_steps(out) == logged_steps(tmp_path / "ref")  # no record twice, none missing
 
 
+def test_sim_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
+  # The sim engine's host bookkeeping (iteration, computed, schedule position)
+  # is checkpointed with the parameters: a resume replays the same schedule.
+  flags = dict(algorithm="asp", workers=4, engine="sim", model="mlp", steps=800,
+               checkpoint_every=100, log_every=100, progress=False)
+  reference = jaxdl.run(RunConfig.make(out=str(tmp_path / "ref"), **flags))
+  out = tmp_path / "run"
+  args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if k != "progress"]
+  process = subprocess.Popen([sys.executable, "-m", "jaxdl", "run", "--out", str(out), *args,
+                              "--no-progress"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 120
+    while _newest_checkpoint(out / "checkpoints") < 200 and time.time() < deadline:
+      assert process.poll() is None, "the run ended before it could be killed"
+      time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+  finally:
+    process.wait(timeout=30)
+  assert process.returncode == -signal.SIGKILL
+  assert not (out / "summary.json").exists()
+  result = _jaxdl("run", "--out", str(out), "--resume", "--no-progress")
+  assert result.returncode == 0, result.stderr
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["params_fingerprint"] == reference["params_fingerprint"]
+  assert summary["simulated_time_s"] == reference["simulated_time_s"]
+
+
 def test_progress_bar_shows_loss_accuracy_and_throughput(tmp_path, capsys):
   assert main(["run", "--out", str(tmp_path / "r"), "--model", "mlp", "--epochs", "1"]) == 0
   err = capsys.readouterr().err

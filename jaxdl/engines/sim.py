@@ -7,13 +7,13 @@ give the same schedule and the same bits, and a recorded schedule replays.
 
 Independent worker computations are batched: a worker's gradient depends
 only on the parameters it pulled and its batch, so all workers waiting for a
-gradient are computed in one vmapped call over their stacked pulled versions
-(the staleness buffer), M slots at a time with the idle ones masked. Server
-updates run one jitted call each, in schedule order.
+gradient are computed together, from their stacked pulled versions (the
+staleness buffer). The host plans a step's events as ops and the device runs
+them, a whole step in one jitted call where that is fastest, with batches
+gathered on the device (jaxdl.engines.sim_ops).
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -24,6 +24,7 @@ from jaxdl.algorithms import Algorithm, Batch, Problem, WorkerAxis
 from jaxdl.data import WorkerStreams
 from jaxdl.errors import ConfigError
 from jaxdl.engines.mesh import compile_init
+from jaxdl.engines import sim_ops
 from jaxdl import sim
 
 
@@ -33,87 +34,6 @@ class SimState(NamedTuple):
   iteration: np.ndarray   # (M,) int: the iteration each worker works on (-1: none)
   computed: np.ndarray    # (M,) bool: its gradient is computed, not yet applied
   position: np.ndarray    # (): index of the next schedule event
-
-
-def _take(tree, m):
-  return jax.tree.map(lambda x: x[m], tree)
-
-
-def _put(tree, m, value):
-  return jax.tree.map(lambda x, v: x.at[m].set(v), tree, value)
-
-
-def _masked(fn):
-  """vmap `fn(worker, batch) -> (worker, metric shares)` over all M workers,
-  keeping the old state where `mask` is off; metrics as masked sums."""
-  def run(workers, batch, mask):
-    new, metrics = jax.vmap(fn)(workers, batch)
-    keep = lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
-    share = batch.weights.sum(axis=1)  # metric shares -> each worker's own means
-    return (jax.tree.map(keep, new, workers),
-            {"loss_sum": jnp.sum(metrics["loss"] / share * mask), "count": jnp.sum(mask)})
-  return jax.jit(run, donate_argnums=0)
-
-
-class EventMath:
-  """The algorithm's event handlers, jitted once each, over stacked workers."""
-
-  def __init__(self, algorithm: Algorithm, problem: Problem, config):
-    bind = lambda fn: functools.partial(fn, problem, config)
-    one = WorkerAxis(size=1)  # asynchronous workers share no collective
-    self.jitted = {}
-    if algorithm.compute:
-      self.compute = self.jitted["compute"] = _masked(
-          functools.partial(bind(algorithm.compute), axis=one))
-    if algorithm.local:
-      self.local = self.jitted["local"] = _masked(
-          functools.partial(bind(algorithm.local), axis=one))
-    # A timed algorithm's pull and apply also get the event's duration.
-    timed = lambda fn: fn if algorithm.timed else lambda server, worker, duration: fn(server, worker)
-    if algorithm.pull:
-      pull = timed(bind(algorithm.pull))
-      self.pull = self.jitted["pull"] = jax.jit(
-          lambda server, workers, m, duration: _put(
-              workers, m, pull(server, _take(workers, m), duration)),
-          donate_argnums=1)
-    if algorithm.apply:
-      apply = timed(bind(algorithm.apply))
-
-      def apply_fn(server, workers, m, duration):
-        server, worker = apply(server, _take(workers, m), duration)
-        return server, _put(workers, m, worker)
-      self.apply = self.jitted["apply"] = jax.jit(apply_fn, donate_argnums=(0, 1))
-    if algorithm.exchange:
-      exchange = bind(algorithm.exchange)
-
-      def exchange_fn(server, workers, m):
-        server, worker = exchange(server, _take(workers, m))
-        return server, _put(workers, m, worker)
-      self.exchange = self.jitted["exchange"] = jax.jit(exchange_fn, donate_argnums=(0, 1))
-    if algorithm.step:  # a collective algorithm: all workers vmapped on this device
-      m = config.algorithm.workers
-      axis = WorkerAxis(size=m, local="workers", local_size=m)
-      step = jax.vmap(functools.partial(bind(algorithm.step), axis=axis),
-                      in_axes=(0, 0, None), axis_name="workers")
-
-      def step_all(workers, batch, index):
-        workers, metrics = step(workers, batch, index)
-        return workers, jax.tree.map(jnp.sum, metrics)
-      self.step = self.jitted["step"] = jax.jit(step_all, donate_argnums=0)
-    if algorithm.apply and algorithm.pull:
-      # A worker's push and its next pull, as in a parameter server's round
-      # trip, in one call: half the dispatches of a centralized schedule.
-      def apply_pull(server, workers, m, applied, pulled):
-        server, worker = apply(server, _take(workers, m), applied)
-        return server, _put(workers, m, pull(server, worker, pulled))
-      self.apply_pull = self.jitted["apply_pull"] = jax.jit(apply_pull, donate_argnums=(0, 1))
-    if algorithm.pair:
-      pair = bind(algorithm.pair)
-
-      def pair_fn(workers, m, k):
-        a, b = pair(_take(workers, m), _take(workers, k))
-        return _put(_put(workers, m, a), k, b)
-      self.pair = self.jitted["pair"] = jax.jit(pair_fn, donate_argnums=0)
 
 
 def flops_per_batch(problem: Problem, streams: WorkerStreams) -> float:
@@ -172,7 +92,8 @@ class SimEngine:
   """Runs an event algorithm along a schedule; one step = M updates."""
 
   def __init__(self, algorithm: Algorithm, problem: Problem, streams: WorkerStreams,
-               config, total_steps: int):
+               config, total_steps: int, batching: str = "auto"):
+    """`batching`: "vmap", "loop", "scan" or "auto" (sim_ops.choose_batching)."""
     self.algorithm, self.problem, self.streams, self.config = algorithm, problem, streams, config
     self.num_workers = streams.num_workers
     if config.output.replay:
@@ -187,7 +108,17 @@ class SimEngine:
       raise ConfigError("replay", config.output.replay,
                       f"a trace with at least {total_steps} steps of {self.num_workers} updates")
     self.events = self.events[:self.step_ends[total_steps - 1] + 1]
-    self.math = EventMath(algorithm, problem, config)
+    if batching not in ("auto", "vmap", "loop", "scan"):
+      raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan")
+    if batching == "auto":
+      batching = sim_ops.choose_batching(problem, streams.split.gather(np.arange(1))[0].shape[1:],
+                                         max(streams.batch_sizes))
+    self.batching = batching
+    longest, batch_ops = sim_ops.plan_sizes(self.events, self.step_ends[:total_steps],
+                                            self.num_workers, batching == "loop")
+    batches = sim_ops.DeviceBatches(streams, batch_ops)
+    self.runner = sim_ops.OpRunner(
+        sim_ops.handlers(algorithm, problem, config, batches.weights), batching, longest, batches)
 
   def init(self, key: jax.Array) -> SimState:
     m, a, problem, config = self.num_workers, self.algorithm, self.problem, self.config
@@ -199,78 +130,16 @@ class SimEngine:
     return SimState(server, workers, np.full(m, -1, np.int32), np.zeros(m, bool),
                     np.zeros((), np.int64))
 
-  def _batch(self, pairs) -> Batch:
-    return Batch(*self.streams.stacked_batches(pairs))
-
-  def _compute_pending(self, state: SimState, sums: list) -> SimState:
-    pending = (state.iteration >= 0) & ~state.computed
-    batch = self._batch([(w, max(int(c), 0)) for w, c in enumerate(state.iteration)])
-    workers, metrics = self.math.compute(state.workers, batch, jnp.asarray(pending))
-    sums.append(metrics)
-    return state._replace(workers=workers, computed=state.computed | pending)
-
-  def _flush_local(self, state: SimState, queued: list[list[int]], sums: list) -> SimState:
-    """Runs every queued local step, one vmapped call per round of them."""
-    while any(queued):
-      mask = np.array([bool(q) for q in queued])
-      batch = self._batch([(w, q[0] if q else 0) for w, q in enumerate(queued)])
-      workers, metrics = self.math.local(state.workers, batch, jnp.asarray(mask))
-      state = state._replace(workers=workers)
-      sums.append(metrics)
-      for q in queued:
-        if q:
-          q.pop(0)
-    return state
-
   def step(self, state: SimState, step: int):
     """Executes the schedule's events up to the end of step `step`."""
     # host-side bookkeeping, as numpy copies (a restored checkpoint may hold device arrays)
-    state = state._replace(iteration=np.array(state.iteration), computed=np.array(state.computed))
-    queued: list[list[int]] = [[] for _ in range(self.num_workers)]
-    sums: list = []
+    iteration, computed = np.array(state.iteration), np.array(state.computed)
     end = self.step_ends[step]
-    index = int(state.position)
-    while index <= end:
-      event = self.events[index]
-      index += 1
-      m, kind = event.worker, event.kind
-      if kind == "pull":
-        state = state._replace(workers=self.math.pull(state.server, state.workers, m,
-                                                      np.float32(event.duration)))
-        state.iteration[m], state.computed[m] = event.iteration, False
-      elif kind == "apply":
-        if not state.computed[m]:
-          state = self._compute_pending(state, sums)
-        following = self.events[index] if index <= end else None
-        if following is not None and following.kind == "pull" and following.worker == m:
-          server, workers = self.math.apply_pull(state.server, state.workers, m,
-                                                 np.float32(event.duration),
-                                                 np.float32(following.duration))
-          state.iteration[m], state.computed[m] = following.iteration, False
-          index += 1
-        else:
-          server, workers = self.math.apply(state.server, state.workers, m,
-                                            np.float32(event.duration))
-          state.computed[m], state.iteration[m] = False, -1
-        state = state._replace(server=server, workers=workers)
-      elif kind == "local":
-        queued[m].append(event.iteration)
-      elif kind == "exchange":
-        if queued[m]:
-          state = self._flush_local(state, queued, sums)
-        server, workers = self.math.exchange(state.server, state.workers, m)
-        state = state._replace(server=server, workers=workers)
-      elif kind == "step":
-        batch = self._batch([(w, event.iteration) for w in range(self.num_workers)])
-        workers, metrics = self.math.step(state.workers, batch, jnp.int32(event.iteration))
-        state = state._replace(workers=workers)
-        sums.append({"loss_sum": metrics["loss"], "count": 1.0})
-      elif kind in ("gossip", "average"):
-        if queued[m] or queued[event.peer]:
-          state = self._flush_local(state, queued, sums)
-        state = state._replace(workers=self.math.pair(state.workers, m, event.peer))
-    state = self._flush_local(state, queued, sums)
-    return state._replace(position=np.asarray(end + 1, np.int64)), _mean_metrics(sums)
+    ops = sim_ops.plan(self.events, int(state.position), end, iteration, computed,
+                       self.batching == "loop")
+    server, workers, (loss_sum, count) = self.runner(state.server, state.workers, ops)
+    return (SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)),
+            {"loss": loss_sum / count})
 
   def info(self) -> dict:
     stats = sim.summarize(self.events, self.num_workers, self.bytes_total)
@@ -282,7 +151,7 @@ class SimEngine:
                 self.config, self.problem.model_bytes(), self.num_workers)}
 
   def jitted_functions(self) -> list:
-    return list(self.math.jitted.values())
+    return list(self.runner.jitted.values())
 
   def write_trace(self, path) -> None:
     sim.write_trace(path, self.events)
@@ -291,9 +160,3 @@ class SimEngine:
     parts = (state.workers,) if self.algorithm.step else (state.server, state.workers)
     return jax.device_get(self.algorithm.evaluated(self.problem, self.config, *parts))
 
-
-def _mean_metrics(sums: list[dict]) -> dict:
-  if not sums:
-    return {"loss": jnp.nan}
-  total = jax.tree.map(lambda *x: sum(x), *sums)
-  return {"loss": total["loss_sum"] / total["count"]}
