@@ -82,6 +82,20 @@ class AlgorithmConfig:
   """GoSGD's p: probability that a worker gossips after a local step."""
   sync_bn: bool = False
   """Batch-norm statistics over all workers' batches instead of each worker's own."""
+  async_bn: bool = False
+  """Async-BN (asynchronous algorithms with a server: asp, ssp, easgd, dc_asgd, lc_asgd): workers report each batch's batch-norm statistics, the server keeps their moving average and evaluates with it."""
+  bn_decay: float = 0.1
+  """Async-BN's d: E <- (1 - d) E + d * a worker's reported batch statistics."""
+  dc_lambda: float = 0.04
+  """DC-ASGD's lambda (constant, DC-ASGD-c), or lambda0 with --dc-adaptive."""
+  dc_adaptive: bool = False
+  """DC-ASGD-a: lambda_t = dc_lambda / sqrt(v_t), v_t a moving mean square of the gradients (the paper: lambda0 2)."""
+  dc_beta: float = 0.95
+  """DC-ASGD-a's decay of the gradients' moving mean square."""
+  lc_lambda: float = 0.01
+  """LC-ASGD's lambda: workers descend on loss + lambda * l_delay, the predicted losses of the updates landing before their gradient."""
+  lc_max_delay: int | None = None
+  """LC-ASGD: the longest delay the loss predictor rolls out (unset: 2 M)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +259,13 @@ def validate(config: RunConfig) -> RunConfig:
   for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay",
                 "momentum"):
     _positive(field, c[field], zero=True)
+  for field in ("dc_lambda", "lc_lambda"):
+    _positive(field, c[field], zero=True)
+  _positive("lc_max_delay", c["lc_max_delay"], allow_none=True)
+  if not 0 < c["bn_decay"] <= 1:
+    raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
+  if not 0 <= c["dc_beta"] < 1:
+    raise ConfigError("dc_beta", c["dc_beta"], "a decay in [0, 1)")
   if not 0 < c["lr_decay"] <= 1:
     raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
   if any(m <= 0 for m in c["lr_milestones"]):

@@ -56,7 +56,7 @@ def _setup(config: RunConfig) -> _Setup:
   model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
                       config.model.stem)
   problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch),
-                    sync_bn=config.algorithm.sync_bn)
+                    sync_bn=config.algorithm.sync_bn, async_bn=config.algorithm.async_bn)
   engine = ENGINES.get(engine_name)(algorithm, problem, streams, config, total)
   return _Setup(config, out, dataset, streams, algorithm, problem, engine, total, sum(sizes))
 
@@ -236,6 +236,7 @@ class _Training:
         "seed": s.config.train.seed,
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         **s.engine.info(),
+        **s.engine.report(self.state),
     }
     if distributed.is_main():
       if hasattr(s.engine, "write_trace"):

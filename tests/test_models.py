@@ -41,7 +41,7 @@ def _leaves_equal(a, b) -> bool:
 
 
 def test_registry_names_and_docs():
-  assert ALL == ["mlp", "cnn", "resnet18", "resnet34", "resnet50",
+  assert ALL == ["mlp", "cnn", "cnn_bn", "resnet18", "resnet34", "resnet50",
                  "vgg11", "vgg11_bn", "vgg16", "vgg16_bn"]
   for name in ALL:
     assert MODELS.doc(name)

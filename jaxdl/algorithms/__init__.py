@@ -1,7 +1,8 @@
 """The algorithm registry: one module per algorithm, found by name."""
 from __future__ import annotations
 
-from jaxdl.algorithms import ad_psgd, ar_sgd, asp, bsp, easgd, gosgd, local_sgd
+from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, easgd, gosgd,
+                              lc_asgd, local_sgd)
 from jaxdl.algorithms.base import Algorithm, Batch, Problem, TrainState
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.errors import ConfigError
@@ -18,6 +19,10 @@ ALGORITHMS.register("local_sgd", "local steps, then model averaging every "
 ALGORITHMS.register("asp", "asynchronous parameter server: every push applied on "
                     "arrival")(asp.ASP)
 ALGORITHMS.register("ssp", "stale synchronous parallel: asp with --staleness-bound")(asp.SSP)
+ALGORITHMS.register("dc_asgd", "asp with delay compensation (--dc-lambda, "
+                    "--dc-adaptive)")(dc_asgd.ALGORITHM)
+ALGORITHMS.register("lc_asgd", "asp with loss-prediction compensation (--lc-lambda), "
+                    "step and loss predictors")(lc_asgd.ALGORITHM)
 ALGORITHMS.register("easgd", "elastic averaging with a center every "
                     "--communication-period local steps")(easgd.ALGORITHM)
 ALGORITHMS.register("gosgd", "gossip: push to a random peer with "
@@ -43,6 +48,8 @@ def resolve(config) -> tuple[Algorithm, str]:
     raise ConfigError("workers", cfg.workers,
                       f"at most {algorithm.max_workers} for --algorithm {algorithm.name}")
   algorithm.check(config)
+  if cfg.async_bn:
+    algorithm = async_bn.wrap(algorithm)
   return algorithm, engine
 
 

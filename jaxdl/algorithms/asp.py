@@ -32,10 +32,13 @@ class WorkerState(NamedTuple):
   grads: Any        # the gradient of its current iteration, once computed
 
 
-def init_server(problem: Problem, cfg, key) -> ServerState:
+def init_server(problem: Problem, cfg, key, optimizer=None) -> ServerState:
+  """The server's parameters and the state of its update rule (`optimizer`,
+  the run's optax rule unless given)."""
   del cfg
   params, _ = problem.model.init(key)
-  return ServerState(params, problem.optimizer.init(params), jnp.zeros((), jnp.int32))
+  optimizer = optimizer or problem.optimizer
+  return ServerState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
 
 def init(problem: Problem, cfg, key, worker, num_workers) -> WorkerState:
@@ -54,9 +57,15 @@ def compute(problem: Problem, cfg, worker: WorkerState, batch, axis):
 def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState):
   """The server applies a worker's gradient on arrival -> (server, worker)."""
   del cfg
-  updates, opt_state = problem.optimizer.update(worker.grads, server.opt_state, server.params)
-  return ServerState(optax.apply_updates(server.params, updates), opt_state,
-                     server.version + 1), worker
+  return update(server, worker.grads, problem.optimizer), worker
+
+
+def update(server, grads, optimizer: optax.GradientTransformation, **extra_args):
+  """One server update with `optimizer` (extra arguments for an ExtraArgs
+  chain, e.g. DC-ASGD's w_bak) -> the server, one version on."""
+  updates, opt_state = optimizer.update(grads, server.opt_state, server.params, **extra_args)
+  return server._replace(params=optax.apply_updates(server.params, updates),
+                         opt_state=opt_state, version=server.version + 1)
 
 
 def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> WorkerState:

@@ -45,6 +45,9 @@ class Problem:
   model: Model
   optimizer: optax.GradientTransformation
   sync_bn: bool = False  # batch-norm statistics over all workers' batches
+  # Async-BN: a worker's batch-norm state holds its last batch's statistics
+  # (momentum 0), which the server averages (jaxdl.algorithms.async_bn).
+  async_bn: bool = False
 
   def model_bytes(self) -> int:
     """Bytes of one copy of the parameters (what a push or a pull moves)."""
@@ -56,7 +59,8 @@ class Problem:
     return TrainState(params, model_state, self.optimizer.init(params))
 
   def _loss(self, params, model_state, batch: Batch, axis: WorkerAxis):
-    stats = BatchStats(mask=batch.mask, psum=axis.psum if self.sync_bn else None)
+    stats = BatchStats(mask=batch.mask, psum=axis.psum if self.sync_bn else None,
+                       momentum=0.0 if self.async_bn else None)
     logits_BxK, model_state = self.model.apply(params, model_state, batch.images, True, stats)
     losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch.labels)
     loss = jnp.sum(losses_B * batch.weights)
@@ -152,6 +156,9 @@ class Algorithm:
   # scalar: a pull's transfer seconds, an apply's compute seconds) as a last
   # argument, for algorithms whose math uses the cluster's timing (LC-ASGD).
   timed: bool = False
+  # report(problem, cfg, server) -> {name: scalar} for summary.json (e.g.
+  # LC-ASGD's predictor errors).
+  report: Callable[..., dict] | None = None
   max_workers: int | None = None
   check: Callable[[Any], None] = lambda cfg: None  # raises ConfigError on bad policy
   # The declared policy as a timing schedule: (cost model, iterations per

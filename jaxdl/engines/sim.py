@@ -150,6 +150,13 @@ class SimEngine:
             "bytes_communicated_per_step": self.algorithm.bytes_per_step(
                 self.config, self.problem.model_bytes(), self.num_workers)}
 
+  def report(self, state: SimState) -> dict:
+    """The algorithm's own figures for the summary (e.g. predictor errors)."""
+    if not self.algorithm.report:
+      return {}
+    figures = self.algorithm.report(self.problem, self.config, state.server)
+    return {k: float(v) for k, v in jax.device_get(figures).items()}
+
   def jitted_functions(self) -> list:
     return list(self.runner.jitted.values())
 

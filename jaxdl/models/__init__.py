@@ -33,6 +33,8 @@ MODELS.register("mlp", "Multilayer perceptron, hidden layers 256 and 128.")(
     _stemless(simple.MLP))
 MODELS.register("cnn", "Small CNN: two 3x3 convs (32, 64), dense 128.")(
     _stemless(simple.CNN))
+MODELS.register("cnn_bn", "The small CNN with batch norm after each conv.")(
+    _stemless(functools.partial(simple.CNN, batch_norm=True)))
 MODELS.register("resnet18", "ResNet-18, basic blocks (He et al. 2016).")(
     resnet.resnet18)
 MODELS.register("resnet34", "ResNet-34, basic blocks (He et al. 2016).")(

@@ -14,7 +14,7 @@ from flax import nnx
 # A pytree (mask a leaf, psum static), so it passes through jit and vmap: a
 # vmapped mask is split per worker like the images it describes.
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["mask"], meta_fields=["psum"])
+                   data_fields=["mask"], meta_fields=["psum", "momentum"])
 @dataclasses.dataclass(frozen=True)
 class BatchStats:
   """How batch norm computes batch statistics in training.
@@ -24,9 +24,13 @@ class BatchStats:
       examples do not enter the statistics. None: every example is real.
     psum: sums a pytree over all workers, for statistics synchronized across
       them (``--sync-bn``). None: each worker uses its own batch.
+    momentum: replaces the layers' momentum of the running statistics; 0.0
+      makes them this batch's statistics (what an Async-BN worker reports,
+      ``--async-bn``). None: each layer's own.
   """
   mask: jax.Array | None = None
   psum: Callable[[Any], Any] | None = None
+  momentum: float | None = None
 
 
 class BatchNorm(nnx.Module):
@@ -87,8 +91,9 @@ class BatchNorm(nnx.Module):
     # A batch of padding only has no statistics: keep the running ones
     # rather than pull them towards zero.
     keep = count == 0
-    new_mean = self.momentum * self.mean[...] + (1 - self.momentum) * mean
-    new_var = self.momentum * self.var[...] + (1 - self.momentum) * var
+    momentum = self.momentum if stats.momentum is None else stats.momentum
+    new_mean = momentum * self.mean[...] + (1 - momentum) * mean
+    new_var = momentum * self.var[...] + (1 - momentum) * var
     self.mean[...] = jax.lax.stop_gradient(jnp.where(keep, self.mean[...], new_mean))
     self.var[...] = jax.lax.stop_gradient(jnp.where(keep, self.var[...], new_var))
     return mean, var

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxdl.models.layers import BatchStats
+from jaxdl.models.layers import BatchNorm, BatchStats
 
 
 def pool_if_wider(x: jax.Array, window: int = 2) -> jax.Array:
@@ -55,7 +55,8 @@ class MLP(nnx.Module):
 
 
 class CNN(nnx.Module):
-  """Two 3x3 conv+ReLU+2x2 max-pool stages (32, 64 channels), dense 128, dense.
+  """Two 3x3 conv(+batch norm)+ReLU+2x2 max-pool stages (32, 64 channels),
+  dense 128, dense.
 
   The feature map is flattened rather than averaged: on 8x8 digits it is 2x2,
   and keeping where a stroke lies is worth the few extra weights (~53k total
@@ -65,20 +66,23 @@ class CNN(nnx.Module):
 
   def __init__(self, image_shape: tuple[int, int, int], num_classes: int,
                channels: Sequence[int] = (32, 64), dense: int = 128, *,
-               rngs: nnx.Rngs):
+               batch_norm: bool = False, rngs: nnx.Rngs):
     h, w, c = image_shape
     widths = [c, *channels]
-    self.convs = nnx.List([nnx.Conv(a, b, (3, 3), rngs=rngs)
+    self.convs = nnx.List([nnx.Conv(a, b, (3, 3), use_bias=not batch_norm, rngs=rngs)
                            for a, b in zip(widths[:-1], widths[1:])])
+    self.norms = nnx.List([BatchNorm(b, rngs=rngs) for b in channels] if batch_norm else [])
     hp, wp = pooled_hw(h, w, len(channels))
     self.dense = nnx.Linear(hp * wp * widths[-1], dense, rngs=rngs)
     self.head = nnx.Linear(dense, num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, train: bool = False,
                stats: BatchStats | None = None) -> jax.Array:
-    del train, stats  # no batch norm, no dropout
-    for conv in self.convs:
-      x = pool_if_wider(nnx.relu(conv(x)))
+    for i, conv in enumerate(self.convs):
+      x = conv(x)
+      if self.norms:
+        x = self.norms[i](x, train, stats)
+      x = pool_if_wider(nnx.relu(x))
     x = x.reshape(x.shape[0], -1)
     x = nnx.relu(self.dense(x))
     return self.head(x)

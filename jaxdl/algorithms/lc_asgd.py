@@ -1,0 +1,123 @@
+"""LC-ASGD: loss-prediction compensated ASGD (Li, He, Ren, Mao, ICPP 2020).
+
+ASP whose server, on receiving worker m's report (its loss l_m, t_comm, t_comp):
+  1. predicts k_m, the updates that land between m's pull and its gradient
+     (the step predictor), before it observes the true delay, then learns it;
+  2. learns the loss sequence (latest loss -> l_m) and rolls the loss
+     predictor out k_m steps from l_m: l_delay is the sum of the predictions;
+  3. applies the gradient of l_m + lambda * l_delay (the loss-compensation
+     transformation, chained before the run's optax rule).
+In the simulation a worker's report and its gradient travel together (one
+compute event), so the delay predicted is the gradient's staleness.
+Asynchronous batch norm is `--async-bn` (jaxdl.algorithms.async_bn), for this
+and the other algorithms with a server. Every piece is swappable: `make(pieces)`
+builds the algorithm from other predictors or another compensation.
+
+Flags: --lc-lambda (lambda), --lc-max-delay (the longest rollout). The summary
+adds the predictors' errors: lc_delay_mae (|predicted - actual delay|, mean
+over updates), lc_delay_predicted_mean, lc_delay_actual_mean, lc_loss_mae
+(|predicted next loss - received loss|).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxdl.algorithms import asp
+from jaxdl.algorithms.base import Algorithm, Problem
+from jaxdl.algorithms.compensation import loss_compensation
+from jaxdl.algorithms.predictors import LossPredictor, StepPredictor
+
+
+class Pieces(NamedTuple):
+  """LC-ASGD's swappable parts (see jaxdl.algorithms.predictors for the methods)."""
+  steps: Any         # StepPredictor-like
+  losses: Any        # LossPredictor-like
+  compensation: optax.GradientTransformationExtraArgs  # takes delay_loss_slope
+
+
+def default_pieces(cfg) -> Pieces:
+  a = cfg.algorithm
+  return Pieces(StepPredictor(), LossPredictor(max_delay=a.lc_max_delay or 2 * a.workers),
+                loss_compensation(a.lc_lambda))
+
+
+class ServerState(NamedTuple):
+  params: Any
+  opt_state: Any
+  version: jax.Array    # int32: updates applied
+  steps: Any            # the step predictor's state
+  losses: Any           # the loss predictor's state
+  next_loss: jax.Array  # the loss predicted for the next report
+  errors: jax.Array     # (6,) sums: |k - delay|, k, delay, updates, |loss error|, losses
+
+
+class WorkerState(NamedTuple):
+  pulled: Any
+  model_state: Any
+  grads: Any
+  loss: jax.Array     # the mean loss of its current batch (its report)
+  version: jax.Array  # int32: the server version it pulled
+  t_comm: jax.Array   # seconds its last pull took
+  index: jax.Array    # int32: which worker
+
+
+def make(pieces: Callable[[Any], Pieces] = default_pieces) -> Algorithm:
+  """LC-ASGD from `pieces(cfg)`: its predictors and compensation."""
+
+  def optimizer(problem: Problem, cfg):
+    return optax.chain(pieces(cfg).compensation, problem.optimizer)
+
+  def init_server(problem: Problem, cfg, key) -> ServerState:
+    p = pieces(cfg)
+    server = asp.init_server(problem, cfg, key, optimizer(problem, cfg))
+    return ServerState(*server, p.steps.init(cfg.algorithm.workers), p.losses.init(),
+                       jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
+
+  def init(problem: Problem, cfg, key, worker, num_workers) -> WorkerState:
+    pulled, model_state, grads = asp.init(problem, cfg, key, worker, num_workers)
+    return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
+                       jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+                       jnp.asarray(worker, jnp.int32))
+
+  def compute(problem: Problem, cfg, worker: WorkerState, batch, axis):
+    del cfg, axis
+    grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
+    loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
+    return worker._replace(model_state=model_state, grads=grads, loss=loss), metrics
+
+  def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState, t_comm):
+    del problem, cfg
+    return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)
+
+  def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState, t_comp):
+    p = pieces(cfg)
+    delay = (server.version - worker.version).astype(jnp.float32)
+    k = p.steps.predict(server.steps, worker.index, worker.t_comm, t_comp)
+    steps = p.steps.update(server.steps, worker.index, worker.t_comm, t_comp, delay)
+    seen = (server.losses.seen > 0).astype(jnp.float32)
+    loss_error = seen * jnp.abs(server.next_loss - worker.loss)
+    losses = p.losses.update(server.losses, worker.loss)
+    _, slope = p.losses.compensation(losses, worker.loss, k)
+    errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
+    server = asp.update(server, worker.grads, optimizer(problem, cfg), delay_loss_slope=slope)
+    return server._replace(steps=steps, losses=losses, errors=errors,
+                           next_loss=p.losses.predict_next(losses, worker.loss)), worker
+
+  def report(problem: Problem, cfg, server: ServerState) -> dict:
+    del problem, cfg
+    e = server.errors
+    n = jnp.maximum(e[3], 1)
+    return {"lc_delay_mae": e[0] / n, "lc_delay_predicted_mean": e[1] / n,
+            "lc_delay_actual_mean": e[2] / n, "lc_loss_mae": e[4] / jnp.maximum(e[5], 1)}
+
+  return dataclasses.replace(asp.ASP, name="lc_asgd", init=init, init_server=init_server,
+                             compute=compute, apply=apply, pull=pull, timed=True,
+                             report=report)
+
+
+ALGORITHM = make()
