@@ -38,14 +38,20 @@ class Args:
   """Sim engine batchings to time ("auto", "vmap", "loop", "scan"); the ratio is the first's."""
 
 
-def bench_case(case: str, args: Args) -> float:
+def parse_case(case: str) -> tuple[str, tuple[int, int, int], int, int, ArraySplit]:
+  """"model:side:batch:workers" -> (model, image shape, batch, workers, a split of
+  random in-memory images, as digits, mnist and npz are held)."""
   name, side, batch, workers = case.split(":")
-  side, batch, workers = int(side), int(batch), int(workers)
-  shape = (side, side, 1)
-  # In-memory data (as digits, mnist, npz), so host batching is a gather.
+  shape = (int(side), int(side), 1)
   rng = np.random.default_rng(0)
   split = ArraySplit(rng.integers(0, 256, (4096, *shape), np.uint8),
                      rng.integers(0, 10, 4096), 1 / 255, np.zeros(1), np.ones(1))
+  return name, shape, int(batch), int(workers), split
+
+
+def bench_case(case: str, args: Args) -> float:
+  name, shape, batch, workers, split = parse_case(case)
+  side = shape[0]
   config = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant",
                           batch_size=batch, workers=workers, algorithm="asp", jitter=0.2,
                           compute_time=0.01)

@@ -1,0 +1,109 @@
+"""The per-iteration cost of delay compensation: dc_asgd and lc_asgd against asp.
+
+Two measurements per case, each interleaved in one process:
+  1. whole sim steps: every arm runs the same model on the same schedule
+     (same cost model and seed); time per step (M updates) against asp's;
+  2. the server's round alone (apply a gradient, then the worker's pull: the
+     only code the arms do not share), jitted, many calls per round; its
+     extra time over asp's round, as a share of asp's time per iteration
+     (a step's time / M). This one is not drowned by the gradients' noise.
+Goal: <= 2% extra; the LC-ASGD paper reports 8% on CIFAR-10 for its two
+predictors.
+
+  python -m bench.compensation_overhead                 # cnn 28x28 and mlp 8x8, 8 workers
+  python -m bench.compensation_overhead --cases cnn:32:64:16
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+import tyro
+
+from bench.sim_asp import _sim_arm, parse_case
+from bench.timing import interleaved, machine, report
+from jaxdl.algorithms import ALGORITHMS, Problem
+from jaxdl.config import RunConfig
+from jaxdl.data import WorkerStreams
+from jaxdl.engines import SimEngine
+from jaxdl.models import build_model
+from jaxdl.optim import make_optimizer
+
+ARMS = {"asp": {}, "dc_asgd": {}, "dc_asgd adaptive": {"dc_adaptive": True},
+        "lc_asgd": {}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+  cases: tuple[str, ...] = ("cnn:28:32:8", "mlp:8:32:8")
+  """model:image_side:batch:workers, one per case."""
+  steps: int = 10
+  """Sim steps (of M updates each) per arm per round."""
+  rounds: int = 5
+  calls: int = 200
+  """Server rounds per timing of measurement 2."""
+
+
+def bench_case(case: str, args: Args) -> dict[str, float]:
+  name, shape, batch, workers, split = parse_case(case)
+  side = shape[0]
+  streams = WorkerStreams(split, (batch,) * workers, 0)
+  base = dict(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch,
+              workers=workers, jitter=0.2, compute_time=0.01)
+  problem = Problem(build_model(name, 10, shape),
+                    make_optimizer(RunConfig.make(**base).optim, 10**6, 100))
+  total = (args.rounds + 2) * args.steps
+  arms, rounds = {}, {}
+  for arm, extra in ARMS.items():
+    config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
+    sim = SimEngine(ALGORITHMS.get(config.algorithm.algorithm), problem, streams, config, total)
+    arms[arm] = _sim_arm(sim)
+    rounds[arm] = _server_round(config, problem, args.calls)
+  times = interleaved(arms, args.steps, args.rounds, warmup=1)
+  report(f"{name} {side}x{side}, batch {batch}, {workers} workers, seconds per step "
+         f"({workers} updates)", times, baseline="asp")
+  round_times = interleaved(rounds, 1, args.rounds, warmup=1)
+  report(f"the server's round alone (apply + pull), seconds per {args.calls} calls", round_times,
+         baseline="asp")
+  asp_step = statistics.median(times["asp"])
+  per_call = lambda arm: statistics.median(round_times[arm]) / args.calls
+  return {arm: (statistics.median(times[arm]) / asp_step - 1,
+                (per_call(arm) - per_call("asp")) / (asp_step / workers))
+          for arm in ARMS if arm != "asp"}
+
+
+def _server_round(config, problem: Problem, calls: int):
+  """Runs `calls` jitted (apply, pull) rounds of one worker with the server."""
+  algorithm = ALGORITHMS.get(config.algorithm.algorithm)
+  key, m = jax.random.key(0), config.algorithm.workers
+  timing = (jnp.float32(0.01),) if algorithm.timed else ()
+
+  def server_round(server, worker):
+    server, worker = algorithm.apply(problem, config, server, worker, *timing)
+    return server, algorithm.pull(problem, config, server, worker, *timing)
+  jitted = jax.jit(server_round, donate_argnums=(0, 1))
+  state = [(algorithm.init_server(problem, config, key),
+            algorithm.init(problem, config, key, 1, m))]
+
+  def run(n):
+    for _ in range(n * calls):
+      state[0] = jitted(*state[0])
+    jax.block_until_ready(state[0])
+  return run
+
+
+def main(args: Args) -> int:
+  print(f"machine: {machine()}")
+  for case in args.cases:
+    extra = bench_case(case, args)
+    print(f"\nextra cost per iteration over asp, {case} (goal <= 2%), whole steps / "
+          "server round: " + ", ".join(f"{arm} {100 * a:+.1f}% / {100 * b:+.2f}%"
+                                       for arm, (a, b) in extra.items()))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(tyro.cli(Args)))
