@@ -37,7 +37,9 @@ SETTING_OF = {"ssp": "staleness_bound", "easgd": "communication_period",
               "local_sgd": "communication_period", "gosgd": "gossip_probability"}
 ABBREVIATION = {"staleness_bound": "s", "communication_period": "tau",
                 "gossip_probability": "p", "elasticity": "alpha"}
-_SUFFIX = re.compile(r"_(s|tau|p|alpha)(\d+(?:\.\d*)?(?:e-?\d+)?)$")
+# On/off settings: the symbol alone when on (asp_abn: asp with --async-bn).
+FLAGS = {"async_bn": "abn"}
+_SUFFIX = re.compile(r"_(s|tau|p|alpha)(\d+(?:\.\d*)?(?:e-?\d+)?)$|_(abn)$")
 # Runs with these algorithms have one worker: the baseline.
 ONE_WORKER = ("sgd",)
 
@@ -54,20 +56,31 @@ class Variant:
   def label(self) -> str:
     if self.name:
       return self.name
-    parts = [self.algorithm] + [f"{ABBREVIATION.get(k, k)}{_number(v)}" for k, v in self.settings]
+    parts = [self.algorithm] + [_part(k, v) for k, v in self.settings if v is not False]
     return "_".join(parts)
 
   @classmethod
   def parse(cls, spec: str) -> Variant:
-    """``ssp_s3`` -> Variant("ssp", (("staleness_bound", 3),)); ``asp`` -> Variant("asp")."""
+    """``ssp_s3`` -> Variant("ssp", (("staleness_bound", 3),)); ``asp_abn`` ->
+    Variant("asp", (("async_bn", True),)); ``asp`` -> Variant("asp")."""
     settings, rest = [], spec
     while match := _SUFFIX.search(rest):
-      field = {v: k for k, v in ABBREVIATION.items()}[match.group(1)]
-      settings.insert(0, (field, _parse_number(match.group(2), field)))
+      if match.group(3):
+        settings.insert(0, ({v: k for k, v in FLAGS.items()}[match.group(3)], True))
+      else:
+        field = {v: k for k, v in ABBREVIATION.items()}[match.group(1)]
+        settings.insert(0, (field, _parse_number(match.group(2), field)))
       rest = rest[:match.start()]
     if not rest:
-      raise ConfigError("algorithms", spec, "ALGORITHM or ALGORITHM_<s|tau|p|alpha><number>")
+      raise ConfigError("algorithms", spec,
+                        "ALGORITHM, ALGORITHM_<s|tau|p|alpha><number> or ALGORITHM_abn")
     return cls(rest, tuple(settings))
+
+
+def _part(field: str, value: Any) -> str:
+  if value is True and field in FLAGS:
+    return FLAGS[field]
+  return f"{ABBREVIATION.get(field, field)}{_number(value)}"
 
 
 def _number(v: Any) -> str:
@@ -203,7 +216,7 @@ class CompareArgs:
   experiment: str | None = None
   """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py); the flags below override it. Unset: the miniature IPDPS'21 + LC-ASGD grid on digits."""
   algorithms: tuple[str, ...] | None = None
-  """Variants, e.g. sgd bsp asp ssp_s3 easgd_tau8 gosgd_p0.1 ad_psgd; a bare ssp, easgd, local_sgd or gosgd takes the values of the lists below."""
+  """Variants, e.g. sgd bsp asp ssp_s3 easgd_tau8 gosgd_p0.1 ad_psgd (asp_abn: asp with --async-bn); a bare ssp, easgd, local_sgd or gosgd takes the values of the lists below."""
   workers: tuple[int, ...] | None = None
   """Worker counts (sgd, the one-worker baseline, runs at 1 only)."""
   staleness_bounds: tuple[int, ...] | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 import tyro
 
-from jaxdl.compare import ABBREVIATION, CELLS_FILE, GRID_FILE, SETTING_OF
+from jaxdl.compare import ABBREVIATION, CELLS_FILE, FLAGS, GRID_FILE, SETTING_OF
 
 BASELINE = "sgd"
 REPORT = "report.md"
@@ -49,6 +49,15 @@ class CellResult:
   summary: dict[str, Any]
   curve: list[dict[str, float]]
   """Evaluations: step, epoch, time (simulated or wall) and test_accuracy."""
+  async_bn: bool = False
+  """Evaluated with the server's asynchronous batch-norm statistics (--async-bn)."""
+
+  @property
+  def bn_variant(self) -> str:
+    """The variant without its Async-BN suffix: asp_abn -> asp."""
+    suffix = "_" + FLAGS["async_bn"]
+    return self.variant[:-len(suffix)] if self.async_bn and self.variant.endswith(suffix) \
+        else self.variant
 
   @property
   def time_s(self) -> float | None:
@@ -67,11 +76,12 @@ class CellResult:
 def _variant_of(config: dict) -> str:
   algorithm = config["algorithm"]
   field = SETTING_OF.get(algorithm)
+  suffix = f"_{FLAGS['async_bn']}" if config.get("async_bn") else ""
   if field is None:
-    return algorithm
+    return algorithm + suffix
   value = config[field]
-  return f"{algorithm}_{ABBREVIATION[field]}{value:g}" if isinstance(value, float) else \
-      f"{algorithm}_{ABBREVIATION[field]}{value}"
+  value = f"{value:g}" if isinstance(value, float) else value
+  return f"{algorithm}_{ABBREVIATION[field]}{value}{suffix}"
 
 
 def _flat(path: Path) -> dict:
@@ -129,7 +139,7 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
     workers = config["workers"]
     results.append(CellResult(name, variant or _variant_of(config), workers,
                               config["network"], bool(config.get("dry_run")), summary,
-                              _curve(run, summary, workers)))
+                              _curve(run, summary, workers), bool(config.get("async_bn"))))
   return results, status
 
 
@@ -213,6 +223,24 @@ class Report:
       rows.append(row)
     return _markdown(["workers"] + _variants(cells), rows)
 
+  def bn_error_table(self, network: str) -> str:
+    """LC-ASGD Table 3's BN / Async-BN cells: test error % of each variant
+    evaluated with its own batch-norm statistics and with the server's
+    asynchronous ones (its ``_abn`` twin); "—" where one of the two is missing."""
+    cells = [c for c in self.train if c.network == network]
+    variants = list(dict.fromkeys(c.bn_variant for c in cells))
+    rows = []
+    for m in _workers(cells):
+      row = [str(m)]
+      for v in variants:
+        pair = [next((c for c in cells if c.bn_variant == v and c.workers == m
+                      and c.async_bn == abn), None) for abn in (False, True)]
+        errors = [_fmt(100 * (1 - c.summary["test_accuracy"]) if c else None, ".2f")
+                  for c in pair]
+        row.append("" if not any(pair) else " / ".join(errors))
+      rows.append(row)
+    return _markdown(["workers"] + variants, rows)
+
   def scaling_table(self, network: str) -> str:
     """Throughput speedup (here and on the timing networks), time to the
     target accuracy, waiting, staleness and bytes, one row per cell."""
@@ -253,8 +281,11 @@ class Report:
       parts += [f"### Test accuracy{where} (layout of IPDPS'21 Table III)",
                 self.accuracy_table(net),
                 f"### Test error %, degradation against one-worker SGD{where} "
-                "(layout of LC-ASGD Table 3)", self.error_table(net),
-                f"### Speedup, time to accuracy, waiting, staleness, bytes{where}",
+                "(layout of LC-ASGD Table 3)", self.error_table(net)]
+      if any(c.async_bn for c in self.train if c.network == net):
+        parts += [f"### Test error %, BN / Async-BN{where} (LC-ASGD Table 3)",
+                  self.bn_error_table(net)]
+      parts += [f"### Speedup, time to accuracy, waiting, staleness, bytes{where}",
                 self.scaling_table(net)]
     failed = self.failures()
     if failed:

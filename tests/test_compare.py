@@ -17,6 +17,9 @@ from jaxdl.errors import ConfigError
     ("easgd_tau8", "easgd", (("communication_period", 8),)),
     ("local_sgd_tau4", "local_sgd", (("communication_period", 4),)),
     ("gosgd_p0.01", "gosgd", (("gossip_probability", 0.01),)),
+    ("asp_abn", "asp", (("async_bn", True),)),
+    ("ssp_s3_abn", "ssp", (("staleness_bound", 3), ("async_bn", True))),
+    ("lc_asgd_abn", "lc_asgd", (("async_bn", True),)),
 ])
 def test_variant_names_parse_and_print_back(spec, algorithm, settings):
   variant = Variant.parse(spec)

@@ -70,6 +70,19 @@ def test_accuracy_and_error_tables(comparison):
   err = _rows(r.error_table("10gbps"))
   assert err == {"1": ["", "5.00", ""], "4": ["10.00 (+100.0%)", "", "6.00 (+20.0%)"]}
   assert report.degradation(6.0, 5.0) == pytest.approx(20.0)
+  assert "BN / Async-BN" not in r.tables()  # no --async-bn cell
+
+
+def test_bn_and_async_bn_error_table(comparison):
+  # asp x4 with --async-bn: error 8% beside asp's 10%; ssp has no Async-BN twin
+  _run_dir(comparison, "asp_abn-m4", {"samples": 1000, "test_accuracy": 0.92,
+                                      "simulated_time_s": 0.25},
+           algorithm="asp", workers=4, async_bn=True, model="cnn_bn")
+  r = report.Report(comparison)
+  assert {c.variant: c.bn_variant for c in r.train}["asp_abn"] == "asp"
+  rows = _rows(r.bn_error_table("10gbps"))
+  assert rows == {"1": ["", "5.00 / —", ""], "4": ["10.00 / 8.00", "", "6.00 / —"]}
+  assert "BN / Async-BN" in r.tables()
 
 
 def test_scaling_table(comparison):
