@@ -177,7 +177,9 @@ class Grid:
 
 # IPDPS'21 Table III's columns (BSP, ASP, SSP s=3/10, EASGD tau=4/8, GoSGD
 # p=1/0.1/0.01, AD-PSGD) and LC-ASGD Table 3's (SGD, SSGD, ASGD, DC-ASGD,
-# LC-ASGD); AR-SGD stands for the all-reduce family.
+# LC-ASGD); AR-SGD stands for the all-reduce family. DC-ASGD is DC-ASGD-a at
+# lambda0 = 2 (Zheng et al.'s CIFAR setting): DC-ASGD-c's lambda g*g*(w - w_bak)
+# at lambda 0.04 is too small to matter with this model's gradients.
 DEFAULT_GRID = Grid(variants=(
     Variant("sgd"), Variant("bsp"), Variant("ar_sgd"), Variant("asp"),
     Variant("ssp", (("staleness_bound", 3),)), Variant("ssp", (("staleness_bound", 10),)),
@@ -186,7 +188,9 @@ DEFAULT_GRID = Grid(variants=(
     Variant("gosgd", (("gossip_probability", 1.0),)),
     Variant("gosgd", (("gossip_probability", 0.1),)),
     Variant("gosgd", (("gossip_probability", 0.01),)),
-    Variant("ad_psgd"), Variant("dc_asgd"), Variant("lc_asgd")))
+    Variant("ad_psgd"),
+    Variant("dc_asgd", (("dc_adaptive", True), ("dc_lambda", 2.0)), name="dc_asgd"),
+    Variant("lc_asgd")))
 
 
 def load_experiment(path: str) -> Grid:
@@ -211,8 +215,9 @@ class CompareArgs:
   others go on (exit code 1 if any failed). With no flags: a miniature IPDPS'21 +
   LC-ASGD comparison on digits (mlp, 5 epochs, sim engine, 10gbps; timing at
   56gbps): sgd (1 worker) and bsp, ar_sgd, asp, ssp_s3, ssp_s10, easgd_tau4,
-  easgd_tau8, gosgd_p1, gosgd_p0.1, gosgd_p0.01, ad_psgd, dc_asgd, lc_asgd at 4,
-  8 and 16 workers. `jaxdl report DIR` redoes the tables and plots."""
+  easgd_tau8, gosgd_p1, gosgd_p0.1, gosgd_p0.01, ad_psgd, dc_asgd (DC-ASGD-a,
+  lambda0 2), lc_asgd at 4, 8 and 16 workers. `jaxdl report DIR` redoes the
+  tables and plots."""
   experiment: str | None = None
   """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py); the flags below override it. Unset: the miniature IPDPS'21 + LC-ASGD grid on digits."""
   algorithms: tuple[str, ...] | None = None

@@ -41,6 +41,8 @@ def test_default_grid_is_ipdps_and_lc_asgd_in_miniature():
   ssp = next(c for c in cells if c.name == "ssp_s10-m16")
   assert ssp.overrides == {"staleness_bound": 10, "algorithm": "ssp", "workers": 16,
                            "network": "10gbps"}
+  dc = next(c for c in cells if c.name == "dc_asgd-m4")  # DC-ASGD-a, lambda0 = 2
+  assert dc.overrides["dc_adaptive"] is True and dc.overrides["dc_lambda"] == 2.0
   timing = [c for c in cells if c.timing]
   assert len(timing) == len(train) and all(c.overrides["dry_run"] for c in timing)
   assert {c.network for c in timing} == {"56gbps"}
