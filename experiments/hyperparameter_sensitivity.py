@@ -101,7 +101,8 @@ def write(out: Path, scale: str, workers: int) -> None:
     image = ax.imshow(grid_, vmin=0.5, vmax=1.0, cmap="viridis", origin="lower")
     for i in range(len(s["batches"])):
       for j in range(len(s["lrs"])):
-        ax.text(j, i, f"{grid_[i, j]:.2f}", ha="center", va="center", fontsize=8, color="w")
+        ax.text(j, i, f"{grid_[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                color="k" if grid_[i, j] > 0.8 else "w")
     ax.set_xticks(range(len(s["lrs"])), [f"{lr:g}" for lr in s["lrs"]])
     ax.set_yticks(range(len(s["batches"])), [str(b) for b in s["batches"]])
     ax.set_xlabel("learning rate")
