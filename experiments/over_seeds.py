@@ -2,7 +2,7 @@
 that ran the same grid with different ``--seed``s.
 
   python experiments/over_seeds.py runs/ipdps21_table3-mini runs/ipdps21_table3-mini-seed1 ...
-  python experiments/over_seeds.py --error runs/lcasgd_table3-mini ...
+  python experiments/over_seeds.py --error runs/lcasgd_table3-mini ...    # or --loss
 
 Prints a markdown table in the layout of `jaxdl report`'s accuracy table:
 each cell is mean ± standard deviation (n - 1) over the directories that have
@@ -25,6 +25,11 @@ class Args:
   """Comparison directories (one per seed)."""
   error: bool = False
   """Test error in % instead of test accuracy."""
+  loss: bool = False
+  """Test loss instead of test accuracy (finer than accuracy on a small test set)."""
+  against: str | None = None
+  """Paired: each value minus this variant's at the same workers and seed; a cell
+  is the mean difference and how many seeds are below 0."""
   network: str | None = None
   """Network of the training cells (default: the first)."""
 
@@ -32,12 +37,23 @@ class Args:
 def table(args: Args) -> str:
   runs = [report.Report(d) for d in args.dirs]
   network = args.network or runs[0].main
-  values: dict[tuple[str, int], list[float]] = {}
+  per_run = []
   for r in runs:
+    got = {}
     for c in r.train:
       if c.network == network and "test_accuracy" in c.summary:
         a = c.summary["test_accuracy"]
-        values.setdefault((c.variant, c.workers), []).append(100 * (1 - a) if args.error else a)
+        got[c.variant, c.workers] = (c.summary["test_loss"] if args.loss else
+                                     100 * (1 - a) if args.error else a)
+    per_run.append(got)
+  values: dict[tuple[str, int], list[float]] = {}
+  for got in per_run:
+    for (v, m), x in got.items():
+      if args.against:
+        if (args.against, m) not in got or v == args.against:
+          continue
+        x -= got[args.against, m]
+      values.setdefault((v, m), []).append(x)
   variants = list(dict.fromkeys(v for v, _ in values))
   workers = sorted({m for _, m in values})
   spec = ".2f" if args.error else ".4f"
@@ -49,11 +65,17 @@ def table(args: Args) -> str:
       if not xs:
         row.append("")
         continue
+      if args.against:
+        below = sum(x < 0 for x in xs)
+        row.append(f"{statistics.mean(xs):+{spec}} ({below}/{len(xs)} < 0)")
+        continue
       sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
       n = f" (n={len(xs)})" if len(xs) != len(runs) else ""
       row.append(f"{statistics.mean(xs):{spec}} ± {sd:{spec}}{n}")
     rows.append(row)
-  what = "test error %" if args.error else "test accuracy"
+  what = "test loss" if args.loss else "test error %" if args.error else "test accuracy"
+  if args.against:
+    what += f" minus {args.against}'s, paired by seed"
   return (f"{what}, mean ± sd over {len(runs)} seeds ({network})\n\n"
           + report._markdown(["workers"] + variants, rows))
 
