@@ -114,3 +114,18 @@ def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
   # The same directory with other settings is refused, naming the cell.
   with pytest.raises(ConfigError, match="lr"):
     compare.run_grid(TINY.with_run(lr=0.5), out, jobs=1, progress=False)
+
+
+@pytest.mark.parametrize("name", ["ipdps21_table3", "lcasgd_table3",
+                                  "hyperparameter_sensitivity"])
+def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
+  from pathlib import Path
+  path = Path(__file__).parent.parent / "experiments" / f"{name}.py"
+  for scale in ("mini", "paper"):
+    monkeypatch.setenv("JAXDL_SCALE", scale)
+    grid = compare.load_experiment(str(path))
+    assert grid.cells()
+    if scale == "mini":  # the paper scale needs its dataset to validate
+      assert compare.check_cells(grid, tmp_path) == {}
+  if name == "lcasgd_table3":
+    assert {"asp_abn", "dc_asgd_abn", "lc_asgd_abn"} <= {v.label for v in grid.variants}
