@@ -108,6 +108,9 @@ class SimEngine:
       raise ConfigError("replay", config.output.replay,
                       f"a trace with at least {total_steps} steps of {self.num_workers} updates")
     self.events = self.events[:self.step_ends[total_steps - 1] + 1]
+    if config.output.dry_run:  # a schedule's timing alone: no math to prepare
+      self.batching, self.runner = None, None
+      return
     if batching not in ("auto", "vmap", "loop", "scan"):
       raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan")
     if batching == "auto":
