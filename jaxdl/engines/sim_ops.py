@@ -219,11 +219,23 @@ class DeviceBatches:
 
 
 def _take(tree, m):
-  return jax.tree.map(lambda x: x[m], tree)
+  return jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, m, keepdims=False), tree)
 
 
-def _put(tree, m, value):
-  return jax.tree.map(lambda x, v: x.at[m].set(v), tree, value)
+def _put(tree, m, value, taken=None):
+  """Writes worker m's `value` into the stacked `tree`, except the leaves that
+  are still those `taken` out of it (e.g. a gradient the server only read):
+  rewriting a buffer with its own slice made XLA copy the whole buffer.
+
+  A dynamic-update-slice updates the donated buffer in place; `.at[m].set`
+  (a scatter) became a select over the whole stacked array on the CPU.
+  """
+  taken = jax.tree.leaves(taken) if taken is not None else None
+  leaves, treedef = jax.tree.flatten(tree)
+  values = treedef.flatten_up_to(value)
+  return treedef.unflatten([
+      x if taken is not None and v is taken[i] else lax.dynamic_update_index_in_dim(x, v, m, 0)
+      for i, (x, v) in enumerate(zip(leaves, values))])
 
 
 def handlers(algorithm: Algorithm, problem: Problem, config,
@@ -255,8 +267,9 @@ def handlers(algorithm: Algorithm, problem: Problem, config,
 
     def run(server, workers, sums, op, data):
       m, index = op.worker, op.index[op.worker]
-      new, metrics = fn(_take(workers, m), Batch(data[0][index], data[1][index], weights_MxB[m]))
-      return server, _put(workers, m, new), add(sums, metrics["loss"] / weights_MxB[m].sum(), 1.0)
+      taken = _take(workers, m)
+      new, metrics = fn(taken, Batch(data[0][index], data[1][index], weights_MxB[m]))
+      return server, _put(workers, m, new, taken), add(sums, metrics["loss"] / weights_MxB[m].sum(), 1.0)
     return run
 
   for kind in ("compute", "local"):
@@ -265,27 +278,31 @@ def handlers(algorithm: Algorithm, problem: Problem, config,
           getattr(algorithm, kind))
   if algorithm.pull:
     pull = timed(bind(algorithm.pull))
-    out["pull"] = lambda server, workers, sums, op, data: (
-        server, _put(workers, op.worker, pull(server, _take(workers, op.worker), op.durations[0])),
-        sums)
+    def pull_fn(server, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      return server, _put(workers, op.worker, pull(server, taken, op.durations[0]), taken), sums
+    out["pull"] = pull_fn
   if algorithm.apply:
     apply = timed(bind(algorithm.apply))
 
     def apply_fn(server, workers, sums, op, data):
-      server, worker = apply(server, _take(workers, op.worker), op.durations[0])
-      return server, _put(workers, op.worker, worker), sums
+      taken = _take(workers, op.worker)
+      server, worker = apply(server, taken, op.durations[0])
+      return server, _put(workers, op.worker, worker, taken), sums
     out["apply"] = apply_fn
     if algorithm.pull:
       def apply_pull(server, workers, sums, op, data):
-        server, worker = apply(server, _take(workers, op.worker), op.durations[0])
-        return server, _put(workers, op.worker, pull(server, worker, op.durations[1])), sums
+        taken = _take(workers, op.worker)
+        server, worker = apply(server, taken, op.durations[0])
+        return server, _put(workers, op.worker, pull(server, worker, op.durations[1]), taken), sums
       out["apply_pull"] = apply_pull
   if algorithm.exchange:
     exchange = bind(algorithm.exchange)
 
     def exchange_fn(server, workers, sums, op, data):
-      server, worker = exchange(server, _take(workers, op.worker))
-      return server, _put(workers, op.worker, worker), sums
+      taken = _take(workers, op.worker)
+      server, worker = exchange(server, taken)
+      return server, _put(workers, op.worker, worker, taken), sums
     out["exchange"] = exchange_fn
   if algorithm.pair:
     pair = bind(algorithm.pair)
@@ -326,6 +343,12 @@ class OpRunner:
     else:
       self.jitted = {n: jax.jit(fn, donate_argnums=(0, 1)) for n, fn in fns.items()
                      if n != "noop"}
+      # A run of consecutive ops of one cheap kind (e.g. a parameter server's
+      # pushes and pulls) in one call: a loop over the run's ops, padded to
+      # the longest step so that each kind compiles once.
+      self.runs = {n: jax.jit(_repeat(fn), donate_argnums=(0, 1)) for n, fn in fns.items()
+                   if n not in BATCH_KINDS and n != "noop"}
+      self.jitted.update({f"{n} run": f for n, f in self.runs.items()})
 
   def encode(self, ops: list[Op], length: int) -> OpArrays:
     m, b = self.batches.num_workers, self.batches.b_max
@@ -350,10 +373,29 @@ class OpRunner:
       return self.jitted["scan"](server, workers, arrays, self.batches.step_data())
     arrays = self.encode(ops, len(ops))
     data, sums = self.batches.step_data(), _zero_sums()
-    for i, op in enumerate(ops):
-      server, workers, sums = self.jitted[op.kind](
-          server, workers, sums, jax.tree.map(lambda x: x[i], arrays), data)
+    start = 0
+    while start < len(ops):
+      kind, end = ops[start].kind, start + 1
+      while end < len(ops) and ops[end].kind == kind:
+        end += 1
+      if end - start > 1 and kind in self.runs:
+        pad = lambda x: np.concatenate([x[start:end], np.zeros_like(x[:self.length - end + start])])
+        server, workers, sums = self.runs[kind](
+            server, workers, sums, jax.tree.map(pad, arrays), np.int32(end - start), data)
+      else:
+        for i in range(start, end):
+          server, workers, sums = self.jitted[kind](
+              server, workers, sums, jax.tree.map(lambda x: x[i], arrays), data)
+      start = end
     return server, workers, sums
+
+
+def _repeat(fn):
+  """`fn` over the first `count` of stacked ops, in order, in one call."""
+  def run(server, workers, sums, ops, count, data):
+    body = lambda i, carry: fn(*carry, jax.tree.map(lambda x: x[i], ops), data)
+    return lax.fori_loop(0, count, body, (server, workers, sums))
+  return run
 
 
 def _zero_sums():
