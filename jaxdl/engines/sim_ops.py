@@ -16,6 +16,9 @@ ops then run in one of three ways (`choose_batching`):
       On the CPU each iteration copied the stacked worker states, slower
       than a dispatch per op (BENCHMARKS.md).
 
+With "vmap" and "loop", a run of consecutive ops of one cheap kind (a
+parameter server's pushes and pulls) is one call, a loop over the run.
+
 Batches are gathered on the device by index from a resident copy of an
 in-memory training split (normalized once on the host: the same floats as a
 per-batch gather), or else from a per-step table gathered on the host.
