@@ -25,21 +25,12 @@ tables and plots.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from jaxdl.compare import DEFAULT_RUN, Grid, Variant
+from jaxdl.compare import DEFAULT_RUN, IPDPS21_VARIANTS, Grid, Variant, experiment_main
 
-VARIANTS = (
-    Variant("sgd"), Variant("bsp"), Variant("asp"),
-    Variant("ssp", (("staleness_bound", 3),)), Variant("ssp", (("staleness_bound", 10),)),
-    Variant("easgd", (("communication_period", 4),)),
-    Variant("easgd", (("communication_period", 8),)),
-    Variant("gosgd", (("gossip_probability", 1.0),)),
-    Variant("gosgd", (("gossip_probability", 0.1),)),
-    Variant("gosgd", (("gossip_probability", 0.01),)),
-    Variant("ad_psgd"))
+VARIANTS = (Variant("sgd"), *IPDPS21_VARIANTS)
 
 PAPER_RUN = (("dataset", "tfds:imagenet2012"), ("image_size", 224), ("model", "resnet50"),
              ("engine", "sim"), ("cluster", "titan-v"), ("batch_size", 32), ("lr", 0.1),
@@ -60,16 +51,5 @@ def grid(scale: str) -> Grid:
 GRID = grid(os.environ.get("JAXDL_SCALE", "mini"))
 
 
-def main(argv: list[str]) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                   epilog="Other arguments go to jaxdl compare.")
-  parser.add_argument("--scale", choices=("mini", "paper"), default="mini")
-  args, rest = parser.parse_known_args(argv)
-  os.environ["JAXDL_SCALE"] = args.scale
-  from jaxdl.cli import main as cli
-  return cli(["compare", "--experiment", __file__,
-              "--out", f"runs/ipdps21_table3-{args.scale}", *rest])
-
-
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  sys.exit(experiment_main(__file__, __doc__, sys.argv[1:]))

@@ -30,17 +30,15 @@ Every other argument is a `jaxdl compare` flag (``--out``, ``--jobs``,
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from jaxdl.compare import DEFAULT_RUN, Grid, Variant
+from jaxdl.compare import DC_ASGD_A, DEFAULT_RUN, Grid, Variant, experiment_main
 
-DC = (("dc_adaptive", True), ("dc_lambda", 2.0))
 ABN = (("async_bn", True),)
 VARIANTS = (
     Variant("sgd"), Variant("bsp"), Variant("asp"), Variant("asp", ABN),
-    Variant("dc_asgd", DC, name="dc_asgd"), Variant("dc_asgd", DC + ABN, name="dc_asgd_abn"),
+    DC_ASGD_A, Variant("dc_asgd", DC_ASGD_A.settings + ABN, name="dc_asgd_abn"),
     Variant("lc_asgd"), Variant("lc_asgd", ABN))
 
 MINI_RUN = tuple({**dict(DEFAULT_RUN), "model": "cnn_bn", "lr": 0.01}.items())
@@ -61,16 +59,5 @@ def grid(scale: str) -> Grid:
 GRID = grid(os.environ.get("JAXDL_SCALE", "mini"))
 
 
-def main(argv: list[str]) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                   epilog="Other arguments go to jaxdl compare.")
-  parser.add_argument("--scale", choices=("mini", "paper"), default="mini")
-  args, rest = parser.parse_known_args(argv)
-  os.environ["JAXDL_SCALE"] = args.scale
-  from jaxdl.cli import main as cli
-  return cli(["compare", "--experiment", __file__,
-              "--out", f"runs/lcasgd_table3-{args.scale}", *rest])
-
-
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  sys.exit(experiment_main(__file__, __doc__, sys.argv[1:]))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import concurrent.futures as futures
 import dataclasses
 import importlib.util
-import json
 import multiprocessing
 import os
 import re
@@ -180,17 +179,12 @@ class Grid:
 # LC-ASGD); AR-SGD stands for the all-reduce family. DC-ASGD is DC-ASGD-a at
 # lambda0 = 2 (Zheng et al.'s CIFAR setting): DC-ASGD-c's lambda g*g*(w - w_bak)
 # at lambda 0.04 is too small to matter with this model's gradients.
-DEFAULT_GRID = Grid(variants=(
-    Variant("sgd"), Variant("bsp"), Variant("ar_sgd"), Variant("asp"),
-    Variant("ssp", (("staleness_bound", 3),)), Variant("ssp", (("staleness_bound", 10),)),
-    Variant("easgd", (("communication_period", 4),)),
-    Variant("easgd", (("communication_period", 8),)),
-    Variant("gosgd", (("gossip_probability", 1.0),)),
-    Variant("gosgd", (("gossip_probability", 0.1),)),
-    Variant("gosgd", (("gossip_probability", 0.01),)),
-    Variant("ad_psgd"),
-    Variant("dc_asgd", (("dc_adaptive", True), ("dc_lambda", 2.0)), name="dc_asgd"),
-    Variant("lc_asgd")))
+IPDPS21_VARIANTS = tuple(map(Variant.parse, (
+    "bsp", "asp", "ssp_s3", "ssp_s10", "easgd_tau4", "easgd_tau8", "gosgd_p1", "gosgd_p0.1",
+    "gosgd_p0.01", "ad_psgd")))
+DC_ASGD_A = Variant("dc_asgd", (("dc_adaptive", True), ("dc_lambda", 2.0)), name="dc_asgd")
+DEFAULT_GRID = Grid(variants=(Variant("sgd"), IPDPS21_VARIANTS[0], Variant("ar_sgd"),
+                              *IPDPS21_VARIANTS[1:], DC_ASGD_A, Variant("lc_asgd")))
 
 
 def load_experiment(path: str) -> Grid:
@@ -204,6 +198,21 @@ def load_experiment(path: str) -> Grid:
   if not isinstance(grid, Grid):
     raise ConfigError("experiment", path, "a file that defines GRID = jaxdl.compare.Grid(...)")
   return grid
+
+
+def experiment_main(path: str, doc: str, argv: list[str]) -> int:
+  """An experiment file's command line (`doc` its docstring): ``--scale
+  mini|paper`` (passed to the file's GRID as JAXDL_SCALE), every other
+  argument a `jaxdl compare` flag; the default --out is runs/<file>-<scale>."""
+  import argparse
+  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   epilog="Other arguments go to jaxdl compare.")
+  parser.add_argument("--scale", choices=("mini", "paper"), default="mini")
+  args, rest = parser.parse_known_args(argv)
+  os.environ["JAXDL_SCALE"] = args.scale
+  from jaxdl.cli import main as cli
+  return cli(["compare", "--experiment", path,
+              "--out", f"runs/{Path(path).stem}-{args.scale}", *rest])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -115,18 +115,14 @@ def _newest_checkpoint(directory: Path) -> int:
   return max(steps, default=0)
 
 
-def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
-  args = ["--model", "mlp", "--steps", "3000", "--checkpoint-every", "100",
-          "--log-every", "100", "--no-progress"]
-  reference = jaxdl.run(RunConfig.make(model="mlp", steps=3000, checkpoint_every=100,
-                                       log_every=100, out=str(tmp_path / "ref"),
-                                       progress=False))
-  out = tmp_path / "run"
+def _killed_and_resumed(out: Path, args: list[str], after_checkpoint: int) -> dict:
+  """`jaxdl run --out out *args`, SIGKILLed once a checkpoint at or past
+  `after_checkpoint` is committed, then `--resume`d: the resumed summary."""
   process = subprocess.Popen([sys.executable, "-m", "jaxdl", "run", "--out", str(out), *args],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     deadline = time.time() + 120
-    while _newest_checkpoint(out / "checkpoints") < 300 and time.time() < deadline:
+    while _newest_checkpoint(out / "checkpoints") < after_checkpoint and time.time() < deadline:
       assert process.poll() is None, "the run ended before it could be killed"
       time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)
@@ -136,7 +132,17 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
   assert not (out / "summary.json").exists()
   result = _jaxdl("run", "--out", str(out), "--resume", "--no-progress")
   assert result.returncode == 0, result.stderr
-  summary = json.loads((out / "summary.json").read_text())
+  return json.loads((out / "summary.json").read_text())
+
+
+def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
+  args = ["--model", "mlp", "--steps", "3000", "--checkpoint-every", "100",
+          "--log-every", "100", "--no-progress"]
+  reference = jaxdl.run(RunConfig.make(model="mlp", steps=3000, checkpoint_every=100,
+                                       log_every=100, out=str(tmp_path / "ref"),
+                                       progress=False))
+  out = tmp_path / "run"
+  summary = _killed_and_resumed(out, args, after_checkpoint=300)
   assert summary["params_fingerprint"] == reference["params_fingerprint"]
   def logged_steps(run):
     return [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -149,24 +155,8 @@ def test_sim_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_pat
   flags = dict(algorithm="asp", workers=4, engine="sim", model="mlp", steps=800,
                checkpoint_every=100, log_every=100, progress=False)
   reference = jaxdl.run(RunConfig.make(out=str(tmp_path / "ref"), **flags))
-  out = tmp_path / "run"
   args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if k != "progress"]
-  process = subprocess.Popen([sys.executable, "-m", "jaxdl", "run", "--out", str(out), *args,
-                              "--no-progress"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 120
-    while _newest_checkpoint(out / "checkpoints") < 200 and time.time() < deadline:
-      assert process.poll() is None, "the run ended before it could be killed"
-      time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-  finally:
-    process.wait(timeout=30)
-  assert process.returncode == -signal.SIGKILL
-  assert not (out / "summary.json").exists()
-  result = _jaxdl("run", "--out", str(out), "--resume", "--no-progress")
-  assert result.returncode == 0, result.stderr
-  summary = json.loads((out / "summary.json").read_text())
+  summary = _killed_and_resumed(tmp_path / "run", [*args, "--no-progress"], after_checkpoint=200)
   assert summary["params_fingerprint"] == reference["params_fingerprint"]
   assert summary["simulated_time_s"] == reference["simulated_time_s"]
 

@@ -8,7 +8,7 @@ from flax import nnx
 
 import jaxdl
 from jaxdl.algorithms import ALGORITHMS, Problem, async_bn
-from jaxdl.algorithms.asp import ServerState, WorkerState
+from jaxdl.algorithms.asp import WorkerState
 from jaxdl.algorithms.compensation import delay_compensation, loss_compensation
 from jaxdl.algorithms.predictors import LossPredictor, StepPredictor
 from jaxdl.config import RunConfig

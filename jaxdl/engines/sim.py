@@ -9,8 +9,7 @@ Independent worker computations are batched: a worker's gradient depends
 only on the parameters it pulled and its batch, so all workers waiting for a
 gradient are computed together, from their stacked pulled versions (the
 staleness buffer). The host plans a step's events as ops and the device runs
-them, a whole step in one jitted call where that is fastest, with batches
-gathered on the device (jaxdl.engines.sim_ops).
+them, with batches gathered on the device (jaxdl.engines.sim_ops).
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdl.algorithms import Algorithm, Batch, Problem, WorkerAxis
+from jaxdl.algorithms import Algorithm, Problem
 from jaxdl.data import WorkerStreams
 from jaxdl.errors import ConfigError
 from jaxdl.engines.mesh import compile_init
@@ -38,13 +37,8 @@ class SimState(NamedTuple):
 
 def flops_per_batch(problem: Problem, streams: WorkerStreams) -> float:
   """XLA's FLOP count of one worker's gradient on a mean-size batch (no compile)."""
-  params, model_state = jax.eval_shape(problem.model.init, jax.random.key(0))
-  b = round(np.mean(streams.batch_sizes))
-  shape = streams.split.gather(np.arange(1))[0].shape[1:]
-  batch = Batch(jax.ShapeDtypeStruct((b, *shape), jnp.float32),
-                jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.float32))
-  grad = lambda p, s, x: problem.gradients(p, s, x, WorkerAxis(1))
-  return float(jax.jit(grad).lower(params, model_state, batch).cost_analysis()["flops"])
+  traced = sim_ops.trace_gradient(problem, round(np.mean(streams.batch_sizes)))
+  return float(traced.lower().cost_analysis()["flops"])
 
 
 def cost_model(config, problem: Problem, streams: WorkerStreams) -> sim.CostModel:
@@ -114,8 +108,7 @@ class SimEngine:
     if batching not in ("auto", "vmap", "loop", "scan"):
       raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan")
     if batching == "auto":
-      batching = sim_ops.choose_batching(problem, streams.split.gather(np.arange(1))[0].shape[1:],
-                                         max(streams.batch_sizes))
+      batching = sim_ops.choose_batching(problem, max(streams.batch_sizes))
     self.batching = batching
     longest, batch_ops = sim_ops.plan_sizes(self.events, self.step_ends[:total_steps],
                                             self.num_workers, batching == "loop")

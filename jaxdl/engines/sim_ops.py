@@ -140,7 +140,17 @@ def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
   return longest, batch_ops
 
 
-def choose_batching(problem: Problem, image_shape, batch: int) -> str:
+def trace_gradient(problem: Problem, batch: int):
+  """One worker's gradient on a `batch`-example batch, traced on abstract
+  values (nothing allocated, nothing compiled)."""
+  params, model_state = jax.eval_shape(problem.model.init, jax.random.key(0))
+  x = Batch(jax.ShapeDtypeStruct((batch, *problem.model.image_shape), jnp.float32),
+            jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.float32))
+  grad = lambda p, s, b: problem.gradients(p, s, b, WorkerAxis(1))
+  return jax.jit(grad).trace(params, model_state, x)
+
+
+def choose_batching(problem: Problem, batch: int) -> str:
   """"loop" on the CPU for models with convolutions, else "vmap" (see above).
 
   A rule on the program's structure rather than a timing at setup: the two
@@ -149,11 +159,7 @@ def choose_batching(problem: Problem, image_shape, batch: int) -> str:
   """
   if jax.default_backend() != "cpu":
     return "vmap"
-  params, model_state = jax.eval_shape(problem.model.init, jax.random.key(0))
-  x = Batch(jax.ShapeDtypeStruct((batch, *image_shape), jnp.float32),
-            jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.float32))
-  jaxpr = jax.make_jaxpr(lambda p, s, b: problem.gradients(p, s, b, WorkerAxis(1)))(
-      params, model_state, x)
+  jaxpr = trace_gradient(problem, batch).jaxpr
   return "loop" if _has_primitive(jaxpr.jaxpr, "conv_general_dilated") else "vmap"
 
 
