@@ -45,8 +45,10 @@ def test_bsp_with_server_shards_is_the_same_update():
 def test_padding_does_not_change_batch_norm_with_sync_bn():
   # vgg11_bn has batch norm everywhere: with synchronized statistics over the
   # workers and masked padding, the update equals one worker on the whole batch.
-  # Batch-norm sums over workers add in another order: parameters near zero
-  # differ by float noise (~3e-6) after 3 steps through 8 conv layers.
+  # Batch-norm sums over workers add in another order. With the two-pass
+  # variance that is float noise (parameters near zero within 3e-6 after 3
+  # steps through 8 conv layers); the one-pass E[x^2] - E[x]^2 cancelled and
+  # made it 1.2e-3 on some CPUs.
   _equivalent("ar_sgd", [3, 5, 8], "momentum", model="vgg11_bn", steps=3, sync_bn=True,
               atol=2e-5)
 
@@ -59,7 +61,7 @@ def test_local_sgd_with_period_one_and_plain_sgd_is_ar_sgd():
   local_params = local.worker_states(train(local, 10)[0]).params
   ar_params = ar.worker_states(train(ar, 10)[0]).params
   for x, y in zip(leaves(local_params), leaves(ar_params)):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=4e-6)
 
 
 def test_local_sgd_workers_diverge_between_averagings_and_agree_after():
@@ -101,4 +103,4 @@ def test_sim_engine_matches_the_mesh_engine(algorithm):
     e = make_engine(config.replace(engine=engine), total_steps=10)
     results.append(leaves(e.evaluated(train(e, 10)[0])))
   for x, y in zip(*results):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=4e-6)

@@ -38,9 +38,9 @@ class BatchNorm(nnx.Module):
 
   Same variables as ``nnx.BatchNorm`` (``scale``, ``bias``, ``mean``,
   ``var``), and without mask or psum the same numbers as
-  ``nnx.BatchNorm(use_fast_variance=True)``. Unlike it, the statistics are
-  reduced as sums (S1, S2, count) through a caller's function, since the
-  worker axis may be more than one named axis.
+  ``nnx.BatchNorm(use_fast_variance=False)``. Unlike it, the statistics are
+  reduced as sums (of x, of squared deviations, count) through a caller's
+  function, since the worker axis may be more than one named axis.
   """
 
   def __init__(self, num_features: int, *, momentum: float = 0.9,
@@ -74,20 +74,21 @@ class BatchNorm(nnx.Module):
     axes = tuple(range(x.ndim - 1))
     per_example = math.prod(x.shape[1:-1])  # H*W, or 1 for (B, C)
     if stats.mask is None:
-      s1, s2 = jnp.sum(x, axes), jnp.sum(x * x, axes)
-      count = jnp.asarray(x.shape[0] * per_example, x.dtype)
+      m = jnp.ones((x.shape[0],) + (1,) * (x.ndim - 1), x.dtype)
     else:
       m = stats.mask.astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
       # where, not only m * x: padding may hold inf or NaN, and 0 * inf = NaN.
       x = jnp.where(m != 0, x, 0)
-      s1, s2 = jnp.sum(m * x, axes), jnp.sum(m * x * x, axes)
-      count = jnp.sum(m) * per_example
-    if stats.psum is not None:
-      s1, s2, count = stats.psum((s1, s2, count))
+    psum = stats.psum or (lambda tree: tree)
+    s1, count = psum((jnp.sum(m * x, axes), jnp.sum(m) * per_example))
     safe = jnp.maximum(count, 1)
     mean = s1 / safe
-    # Fast variance E[x^2] - E[x]^2 can round below zero.
-    var = jnp.maximum(s2 / safe - mean * mean, 0.0)
+    # Two passes: the variance as the mean square deviation from the mean.
+    # The one-pass E[x^2] - E[x]^2 cancels catastrophically in float32 when
+    # |mean| >> std (deep layers on small batches), and then summing the same
+    # examples in another order (over workers, or one concatenated batch)
+    # changed the variance by up to its own size.
+    var = psum(jnp.sum(m * jnp.square(x - mean), axes)) / safe
     # A batch of padding only has no statistics: keep the running ones
     # rather than pull them towards zero.
     keep = count == 0
