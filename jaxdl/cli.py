@@ -39,26 +39,21 @@ def _split_lists(args: list[str], flags: tuple[str, ...] = LIST_FLAGS) -> list[s
 
 
 def _parse_run_config(args: list[str]):
-  import tyro
-
+  from jaxdl import flags
   from jaxdl.config import RunConfig
 
   args = _split_lists(args)
-
-  def parse(default: RunConfig) -> RunConfig:
-    return tyro.cli(RunConfig, args=args, default=default, prog="jaxdl run",
-                    config=(tyro.conf.OmitArgPrefixes,),
-                    description="Train one configuration into a run directory.")
-
-  given = parse(RunConfig())
+  description = "Train one configuration into a run directory."
+  given, settings = flags.parse(args, RunConfig(), "jaxdl run", description)
   base = None
   if given.output.config:
     base = RunConfig.load(given.output.config)
   elif given.output.resume and given.output.out:
     stored = Path(given.output.out) / "config.json"
     base = RunConfig.load(str(stored)) if stored.exists() else None
-  # Values from the file are the defaults; flags given on the line win.
-  return given if base is None else parse(base)
+  if base is not None:  # values from the file are the defaults; flags given win
+    given, settings = flags.parse(args, base, "jaxdl run", description)
+  return given.replace(**settings)
 
 
 def _run(args: list[str]) -> int:
@@ -77,7 +72,7 @@ def _run(args: list[str]) -> int:
 def _compare(args: list[str]) -> int:
   import tyro
 
-  from jaxdl import compare
+  from jaxdl import compare, flags
   from jaxdl.config import RunConfig
   from jaxdl.report import Report
 
@@ -86,13 +81,13 @@ def _compare(args: list[str]) -> int:
   grid = compare.load_experiment(opts.experiment) if opts.experiment else compare.DEFAULT_GRID
   run_flags = {}
   if rest:  # `jaxdl run` flags: settings shared by every cell
-    base = RunConfig.make(**dict(grid.run))
-    given = tyro.cli(RunConfig, args=_split_lists(rest), default=base, prog="jaxdl compare",
-                     config=(tyro.conf.OmitArgPrefixes,))
-    run_flags = {k: v for k, v in given.flat().items() if v != base.flat()[k]}
+    base = RunConfig.make(**compare.section_fields(grid.run))
+    given, settings = flags.parse(_split_lists(rest), base, "jaxdl compare")
+    run_flags = {k: v for k, v in given.flat().items() if v != base.flat().get(k)}
+    run_flags.update(settings)
   grid = compare.apply_args(grid, opts, run_flags)
   status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,
-                            progress=opts.progress)
+                            progress=opts.progress, experiment=opts.experiment)
   report = Report(opts.out, opts.target_accuracy)
   print(report.tables())
   if opts.report:
@@ -132,12 +127,26 @@ def _list(args: list[str]) -> int:
   from jaxdl.models import MODELS
   from jaxdl.optim import OPTIMIZERS
 
+  from jaxdl.engines import engines_for
+  from jaxdl.settings import field_docs
+
   sections = [("datasets (--dataset)", describe_datasets())]
   for title, registry in (("models (--model)", MODELS),
-                          ("optimizers (--optimizer)", OPTIMIZERS),
-                          ("algorithms (--algorithm)", ALGORITHMS),
-                          ("engines (--engine)", ENGINES)):
+                          ("optimizers (--optimizer)", OPTIMIZERS)):
     sections.append((title, [(name, registry.doc(name)) for name in registry]))
+  rows = []
+  for name in ALGORITHMS:
+    spec = ALGORITHMS.get(name)
+    rows.append((name, f"{spec.doc} [{spec.shape.__name__.lower()}; engines: "
+                       f"{', '.join(engines_for(spec.shape))}]"))
+    docs = field_docs(spec.settings)
+    for field, value in spec.settings().to_dict().items():
+      rows.append((f"  --{field.replace('_', '-')} {value}", docs.get(field, "")))
+  sections.append(("algorithms (--algorithm) and their settings", rows))
+  sections.append(("engines (--engine)", [
+      (name, f"{ENGINES.doc(name)} [shapes: "
+             f"{', '.join(s.__name__.lower() for s in ENGINES.get(name).shapes)}]")
+      for name in ENGINES]))
   for title, rows in sections:
     print(title)
     for name, doc in rows:
@@ -147,6 +156,20 @@ def _list(args: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "compare": _compare, "report": _report, "list": _list}
+
+
+def experiment_main(path: str, doc: str, argv: list[str]) -> int:
+  """An experiment file's command line (`doc` its docstring): ``--scale
+  mini|paper`` (passed to the file's GRID as JAXDL_SCALE), every other
+  argument a `jaxdl compare` flag; the default --out is runs/<file>-<scale>."""
+  import argparse
+  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   epilog="Other arguments go to jaxdl compare.")
+  parser.add_argument("--scale", choices=("mini", "paper"), default="mini")
+  args, rest = parser.parse_known_args(argv)
+  os.environ["JAXDL_SCALE"] = args.scale
+  return main(["compare", "--experiment", path,
+               "--out", f"runs/{Path(path).stem}-{args.scale}", *rest])
 
 
 def _environment() -> None:

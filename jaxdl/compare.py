@@ -17,35 +17,22 @@ import dataclasses
 import importlib.util
 import multiprocessing
 import os
-import re
 import shutil
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Iterable
 
-from jaxdl import rundir
+from jaxdl import labels, rundir
 from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig
 from jaxdl.errors import ConfigError
 
 GRID_FILE, CELLS_FILE = "grid.json", "cells.json"
 
-# The setting that tells an algorithm's variants apart, and its short name in
-# the variant's name (the paper's symbol): ssp_s3, easgd_tau4, gosgd_p0.1.
-SETTING_OF = {"ssp": "staleness_bound", "easgd": "communication_period",
-              "local_sgd": "communication_period", "gosgd": "gossip_probability"}
-ABBREVIATION = {"staleness_bound": "s", "communication_period": "tau",
-                "gossip_probability": "p", "elasticity": "alpha"}
-# On/off settings: the symbol alone when on (asp_abn: asp with --async-bn).
-FLAGS = {"async_bn": "abn"}
-_SUFFIX = re.compile(r"_(s|tau|p|alpha)(\d+(?:\.\d*)?(?:e-?\d+)?)$|_(abn)$")
-# Runs with these algorithms have one worker: the baseline.
-ONE_WORKER = ("sgd",)
-
-
 @dataclasses.dataclass(frozen=True)
 class Variant:
-  """One column of a comparison: an algorithm with its settings (flat config fields)."""
+  """One column of a comparison: an algorithm with its settings (flat config
+  fields: the algorithm's own settings, or async_bn)."""
   algorithm: str
   settings: tuple[tuple[str, Any], ...] = ()
   name: str | None = None
@@ -53,41 +40,32 @@ class Variant:
 
   @property
   def label(self) -> str:
-    if self.name:
-      return self.name
-    parts = [self.algorithm] + [_part(k, v) for k, v in self.settings if v is not False]
-    return "_".join(parts)
+    return self.name or labels.label(self.algorithm, self.settings)
 
   @classmethod
   def parse(cls, spec: str) -> Variant:
     """``ssp_s3`` -> Variant("ssp", (("staleness_bound", 3),)); ``asp_abn`` ->
     Variant("asp", (("async_bn", True),)); ``asp`` -> Variant("asp")."""
-    settings, rest = [], spec
-    while match := _SUFFIX.search(rest):
-      if match.group(3):
-        settings.insert(0, ({v: k for k, v in FLAGS.items()}[match.group(3)], True))
-      else:
-        field = {v: k for k, v in ABBREVIATION.items()}[match.group(1)]
-        settings.insert(0, (field, _parse_number(match.group(2), field)))
-      rest = rest[:match.start()]
-    if not rest:
-      raise ConfigError("algorithms", spec,
-                        "ALGORITHM, ALGORITHM_<s|tau|p|alpha><number> or ALGORITHM_abn")
-    return cls(rest, tuple(settings))
+    return cls(*labels.parse(spec))
 
 
-def _part(field: str, value: Any) -> str:
-  if value is True and field in FLAGS:
-    return FLAGS[field]
-  return f"{ABBREVIATION.get(field, field)}{_number(value)}"
+def _has_setting(algorithm: str, field: str) -> bool:
+  from jaxdl.algorithms import ALGORITHMS
+  return algorithm in ALGORITHMS and field in {
+      f.name for f in dataclasses.fields(ALGORITHMS.get(algorithm).settings)}
 
 
-def _number(v: Any) -> str:
-  return f"{v:g}" if isinstance(v, float) else str(v)
+def _one_worker(algorithm: str) -> bool:
+  """A one-worker baseline (sgd): its cells run at one worker only."""
+  from jaxdl.algorithms import ALGORITHMS
+  return algorithm in ALGORITHMS and ALGORITHMS.get(algorithm).max_workers == 1
 
 
-def _parse_number(text: str, field: str) -> int | float:
-  return float(text) if field in ("gossip_probability", "elasticity") else int(float(text))
+def section_fields(run: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+  """The shared run fields that are not an algorithm's settings."""
+  from jaxdl.config import _field_owner
+  owner = _field_owner()
+  return {k: v for k, v in run if k in owner}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,11 +111,11 @@ class Grid:
     return self.replace(run=tuple({**dict(self.run), **flat}.items()))
 
   def with_setting(self, field: str, values: Iterable[Any]) -> Grid:
-    """Each variant whose algorithm is told apart by `field` (SETTING_OF)
-    becomes one variant per value."""
+    """Each variant whose algorithm has the setting `field` becomes one
+    variant per value."""
     out: list[Variant] = []
     for v in self.variants:
-      if SETTING_OF.get(v.algorithm) != field:
+      if not _has_setting(v.algorithm, field):
         out.append(v)
         continue
       rest = tuple((k, x) for k, x in v.settings if k != field)
@@ -156,7 +134,7 @@ class Grid:
     many_networks = len(self.networks) > 1
     train, timing = [], []
     for v in self.variants:
-      workers = (1,) if v.algorithm in ONE_WORKER else self.workers
+      workers = (1,) if _one_worker(v.algorithm) else self.workers
       for m in workers:
         base = {**dict(v.settings), "algorithm": v.algorithm, "workers": m}
         for net in self.networks:
@@ -170,7 +148,11 @@ class Grid:
     return train + timing
 
   def config(self, cell: Cell, out: Path) -> RunConfig:
-    return RunConfig.make(**{**dict(self.run), **cell.overrides, "out": str(out / cell.name),
+    """The cell's run: the shared fields (shared settings only where the
+    cell's algorithm has them), then the cell's own."""
+    shared = {k: v for k, v in self.run
+              if k in section_fields(self.run) or _has_setting(cell.algorithm, k)}
+    return RunConfig.make(**{**shared, **cell.overrides, "out": str(out / cell.name),
                              "resume": True, "progress": False})
 
 
@@ -187,8 +169,15 @@ DEFAULT_GRID = Grid(variants=(Variant("sgd"), IPDPS21_VARIANTS[0], Variant("ar_s
                               *IPDPS21_VARIANTS[1:], DC_ASGD_A, Variant("lc_asgd")))
 
 
+_LOADED: dict[str, Grid] = {}
+
+
 def load_experiment(path: str) -> Grid:
-  """The `GRID` that a Python file (e.g. experiments/ipdps21.py) defines."""
+  """The `GRID` that a Python file (e.g. experiments/ipdps21.py) defines; a
+  file is run once per process (what it registers is registered once)."""
+  key = str(Path(path).resolve())
+  if key in _LOADED:
+    return _LOADED[key]
   if not Path(path).is_file():
     raise ConfigError("experiment", path, "a Python file that defines GRID")
   spec = importlib.util.spec_from_file_location("jaxdl_experiment", path)
@@ -197,22 +186,8 @@ def load_experiment(path: str) -> Grid:
   grid = getattr(module, "GRID", None)
   if not isinstance(grid, Grid):
     raise ConfigError("experiment", path, "a file that defines GRID = jaxdl.compare.Grid(...)")
+  _LOADED[key] = grid
   return grid
-
-
-def experiment_main(path: str, doc: str, argv: list[str]) -> int:
-  """An experiment file's command line (`doc` its docstring): ``--scale
-  mini|paper`` (passed to the file's GRID as JAXDL_SCALE), every other
-  argument a `jaxdl compare` flag; the default --out is runs/<file>-<scale>."""
-  import argparse
-  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                   epilog="Other arguments go to jaxdl compare.")
-  parser.add_argument("--scale", choices=("mini", "paper"), default="mini")
-  args, rest = parser.parse_known_args(argv)
-  os.environ["JAXDL_SCALE"] = args.scale
-  from jaxdl.cli import main as cli
-  return cli(["compare", "--experiment", path,
-              "--out", f"runs/{Path(path).stem}-{args.scale}", *rest])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,19 +235,22 @@ class CompareArgs:
 # Fields that the grid sets per cell: as shared run flags they would be overridden.
 PER_CELL = {"algorithm": "--algorithms", "workers": "--workers", "network": "--networks",
             "dry_run": "--timing-networks", "out": "--out", "resume": "(always on)",
-            "overwrite": "--overwrite", "progress": "--progress", "config": "--experiment",
-            "staleness_bound": "--staleness-bounds",
-            "communication_period": "--communication-periods",
-            "gossip_probability": "--gossip-probabilities"}
+            "overwrite": "--overwrite", "progress": "--progress", "config": "--experiment"}
 
 
 def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid:
   """The grid with the command line's choices: `args`, then the shared run flags."""
   for field, value in run_flags.items():
-    if field in PER_CELL and field not in SETTING_OF.values():
+    if field in PER_CELL:
       raise ConfigError(field, value, f"set per cell by jaxdl compare; use {PER_CELL[field]}")
   if args.algorithms is not None:
     grid = grid.replace(variants=tuple(Variant.parse(s) for s in args.algorithms))
+  shared = section_fields(tuple(run_flags.items()))
+  for field, value in run_flags.items():
+    if field not in shared and not any(_has_setting(v.algorithm, field)
+                                       for v in grid.variants):
+      raise ConfigError(field, value, "a setting of an algorithm in the grid ("
+                        f"{', '.join(dict.fromkeys(v.algorithm for v in grid.variants))})")
   if args.workers is not None:
     if not args.workers or min(args.workers) < 1:
       raise ConfigError("workers", args.workers, "worker counts >= 1")
@@ -295,7 +273,8 @@ def check_cells(grid: Grid, out: Path) -> dict[str, str]:
   """Validates every cell's config; returns the cells that cannot run, with
   why. An error in a shared setting is raised: no cell could run."""
   from jaxdl.config import validate
-  per_cell = {"algorithm", "workers", "network", *ABBREVIATION}
+  from jaxdl.algorithms import settings_owners
+  per_cell = {"algorithm", "workers", "network", *settings_owners()}
   invalid = {}
   for cell in grid.cells():
     try:
@@ -310,12 +289,15 @@ def check_cells(grid: Grid, out: Path) -> dict[str, str]:
 # ----------------------------------------------------------------- execution
 
 
-def _run_cell(config_dict: dict) -> dict:
+def _run_cell(config_dict: dict, experiment: str | None = None) -> dict:
   """Runs in a pool process: one cell, errors returned as text (a ConfigError
-  does not survive pickling)."""
+  does not survive pickling). The experiment file is loaded first, so the
+  algorithms it registers exist in this process too."""
   from jaxdl.runner import run
   t0 = time.perf_counter()
   try:
+    if experiment:
+      load_experiment(experiment)
     summary = run(RunConfig.from_dict(config_dict))
   except Exception as e:  # a failed cell is reported, the others go on
     return {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0],
@@ -349,8 +331,10 @@ def _check_existing(grid: Grid, cells: list[Cell], out: Path) -> None:
 
 
 def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
-             overwrite: bool = False, progress: bool = True) -> dict[str, dict]:
-  """Runs the grid's unfinished cells into `out`; returns cells.json's content."""
+             overwrite: bool = False, progress: bool = True,
+             experiment: str | None = None) -> dict[str, dict]:
+  """Runs the grid's unfinished cells into `out`; returns cells.json's content.
+  `experiment`: the file that defines the grid, loaded in each cell's process."""
   out = Path(out)
   cells = grid.cells()
   invalid = check_cells(grid, out)  # a bad shared setting fails here, before any write
@@ -383,7 +367,7 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
                                            initializer=_worker_init)
       while queue and len(running) < jobs:
         cell = queue.pop(0)
-        running[pool.submit(_run_cell, grid.config(cell, out).to_dict())] = cell
+        running[pool.submit(_run_cell, grid.config(cell, out).to_dict(), experiment)] = cell
         progress_bar.start(cell)
       finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
       broken = False

@@ -11,6 +11,8 @@ import json
 import math
 from typing import Any, Literal
 
+import tyro
+
 from jaxdl.errors import ConfigError
 
 
@@ -71,31 +73,15 @@ class AlgorithmConfig:
   workers: int = 1
   """Number of workers M."""
   engine: str = "auto"
-  """Engine that runs the algorithm: auto picks the algorithm's first."""
-  communication_period: int = 4
-  """Local steps between communications: model averaging (local_sgd, H) or elastic exchange (easgd, tau)."""
-  staleness_bound: int = 3
-  """SSP's bound s: a worker may start iteration c once the slowest has finished c - s."""
-  elasticity: float | None = None
-  """EASGD's alpha: the fraction of the worker-center difference exchanged (unset: 0.9 / M)."""
-  gossip_probability: float = 0.1
-  """GoSGD's p: probability that a worker gossips after a local step."""
+  """Engine that runs the algorithm: auto picks the first that runs its shape (see `jaxdl list`)."""
   sync_bn: bool = False
   """Batch-norm statistics over all workers' batches instead of each worker's own."""
   async_bn: bool = False
   """Async-BN (asynchronous algorithms with a server: asp, ssp, easgd, dc_asgd, lc_asgd): workers report each batch's batch-norm statistics, the server keeps their moving average and evaluates with it."""
   bn_decay: float = 0.1
   """Async-BN's d: E <- (1 - d) E + d * a worker's reported batch statistics."""
-  dc_lambda: float = 0.04
-  """DC-ASGD's lambda (constant, DC-ASGD-c), or lambda0 with --dc-adaptive."""
-  dc_adaptive: bool = False
-  """DC-ASGD-a: lambda_t = dc_lambda / sqrt(v_t), v_t a moving mean square of the gradients (the paper: lambda0 2)."""
-  dc_beta: float = 0.95
-  """DC-ASGD-a's decay of the gradients' moving mean square."""
-  lc_lambda: float = 0.01
-  """LC-ASGD's lambda: workers descend on loss + lambda * l_delay, the predicted losses of the updates landing before their gradient."""
-  lc_max_delay: int | None = None
-  """LC-ASGD: the longest delay the loss predictor rolls out (unset: 2 M)."""
+  settings: tyro.conf.Suppress[Any] = None
+  """The algorithm's own settings (its `Settings` dataclass; None: its defaults). Set them by their flat names: RunConfig.make(algorithm="ssp", staleness_bound=5)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,27 +174,90 @@ class RunConfig:
     return cls().replace(**flat)
 
   def replace(self, **flat: Any) -> RunConfig:
-    """A copy with flat fields replaced; unknown names raise a ConfigError."""
+    """A copy with flat fields replaced; unknown names raise a ConfigError.
+
+    A name that is not a section's field is a setting of the algorithm (after
+    any change of algorithm in the same call). A new algorithm keeps the
+    settings it shares with the old one and takes its defaults for the rest.
+    """
     sections = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     owner = _field_owner()
+    given = {}
     for name, value in flat.items():
-      if name not in owner:
-        raise ConfigError(name, value, "not a config field; see `jaxdl run --help`")
-      sections[owner[name]] = dataclasses.replace(sections[owner[name]], **{name: value})
-    return RunConfig(**sections)
+      if name in owner:
+        sections[owner[name]] = dataclasses.replace(sections[owner[name]], **{name: value})
+      else:
+        given[name] = value
+    new = RunConfig(**sections)
+    if "settings" in flat or not (given or new.algorithm.algorithm != self.algorithm.algorithm):
+      return new
+    if new.algorithm.algorithm == self.algorithm.algorithm:
+      kept = self.settings_dict()
+    else:  # another algorithm: only what it shares with the old one
+      fields = _setting_fields(new.algorithm.algorithm)
+      kept = {k: v for k, v in self.settings_dict().items() if k in fields}
+    return new._with_settings({**kept, **given})
+
+  def _with_settings(self, values: dict[str, Any]) -> RunConfig:
+    from jaxdl.algorithms import ALGORITHMS, settings_owners
+    name = self.algorithm.algorithm
+    if not values and name not in ALGORITHMS:
+      return self  # an unknown algorithm is reported by validate()
+    spec = ALGORITHMS.get(name)
+    fields = {f.name for f in dataclasses.fields(spec.settings)}
+    for key, value in values.items():
+      if key not in fields:
+        owners = [s.name for s in settings_owners().get(key, [])]
+        raise ConfigError(key, value, f"a setting of {', '.join(owners)}, not of {name}"
+                          if owners else "not a config field; see `jaxdl run --help`")
+    settings = spec.settings(**values)
+    return dataclasses.replace(self, algorithm=dataclasses.replace(self.algorithm,
+                                                                   settings=settings))
+
+  def settings(self):
+    """The algorithm's typed settings (its defaults unless set)."""
+    if self.algorithm.settings is not None:
+      return self.algorithm.settings
+    from jaxdl.algorithms import ALGORITHMS
+    return ALGORITHMS.get(self.algorithm.algorithm).settings()
+
+  def settings_dict(self) -> dict[str, Any]:
+    if self.algorithm.settings is None:
+      from jaxdl.algorithms import ALGORITHMS
+      if self.algorithm.algorithm not in ALGORITHMS:
+        return {}
+    return dataclasses.asdict(self.settings())
 
   def flat(self) -> dict[str, Any]:
-    return {k: v for section in self.to_dict().values() for k, v in section.items()}
+    """Every field by its flat name, the algorithm's settings included."""
+    return {k: v for section in self.to_dict().values() for k, v in section.items()
+            if k != "settings"} | self.settings_dict()
 
   def to_dict(self) -> dict[str, dict[str, Any]]:
-    return dataclasses.asdict(self)
+    d = {f.name: {g.name: getattr(getattr(self, f.name), g.name)
+                  for g in dataclasses.fields(getattr(self, f.name))}
+         for f in dataclasses.fields(self)}
+    d["algorithm"]["settings"] = self.settings_dict()
+    return json.loads(json.dumps(d))  # tuples -> lists, as in the file
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-    """Inverse of `to_dict`; accepts a nested or a flat dict."""
-    if all(isinstance(v, dict) for v in d.values()):
-      d = {k: v for section in d.values() for k, v in section.items()}
+    """Inverse of `to_dict`; accepts a nested or a flat dict. In a nested dict
+    written before settings had their own entry, the settings of algorithms
+    other than the one named are dropped."""
+    if not isinstance(d, dict):
+      raise ConfigError("config", type(d).__name__, "a JSON object of config fields")
+    legacy = False
+    if d and all(isinstance(v, dict) for v in d.values()):
+      section = d.get("algorithm", {})
+      legacy = "settings" not in section
+      d = {k: v for s in d.values() for k, v in s.items() if k != "settings"} | dict(
+          section.get("settings") or {})
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    if legacy:
+      owner = _field_owner()
+      fields = _setting_fields(d.get("algorithm", "sgd"))
+      d = {k: v for k, v in d.items() if k in owner or k in fields}
     return cls.make(**d)
 
   @classmethod
@@ -224,9 +273,17 @@ class RunConfig:
 
 
 def _field_owner() -> dict[str, str]:
+  """Each section field's flat name -> its section (settings excepted)."""
   default = RunConfig()
   return {f.name: section.name for section in dataclasses.fields(default)
-          for f in dataclasses.fields(getattr(default, section.name))}
+          for f in dataclasses.fields(getattr(default, section.name)) if f.name != "settings"}
+
+
+def _setting_fields(algorithm: str) -> set[str]:
+  from jaxdl.algorithms import ALGORITHMS
+  if algorithm not in ALGORITHMS:
+    return set()
+  return {f.name for f in dataclasses.fields(ALGORITHMS.get(algorithm).settings)}
 
 
 # Fields that do not change what is computed: a resumed run may differ in them.
@@ -248,7 +305,7 @@ def validate(config: RunConfig) -> RunConfig:
   """Checks every field that can be checked without data; returns the config."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
-  from jaxdl import algorithms, data, models, optim
+  from jaxdl import data, models, optim
 
   c = config.flat()
   for field in ("batch_size", "workers", "lr", "epochs", "log_every",
@@ -259,13 +316,8 @@ def validate(config: RunConfig) -> RunConfig:
   for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay",
                 "momentum"):
     _positive(field, c[field], zero=True)
-  for field in ("dc_lambda", "lc_lambda"):
-    _positive(field, c[field], zero=True)
-  _positive("lc_max_delay", c["lc_max_delay"], allow_none=True)
   if not 0 < c["bn_decay"] <= 1:
     raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
-  if not 0 <= c["dc_beta"] < 1:
-    raise ConfigError("dc_beta", c["dc_beta"], "a decay in [0, 1)")
   if not 0 < c["lr_decay"] <= 1:
     raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
   if any(m <= 0 for m in c["lr_milestones"]):
@@ -278,8 +330,38 @@ def validate(config: RunConfig) -> RunConfig:
   models.MODELS.get(c["model"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
   batch_sizes(config)
-  algorithms.resolve(config)
+  resolve(config)
   return config
+
+
+def resolve(config: RunConfig):
+  """The algorithm's registry entry and the name of the engine that runs it,
+  checked against the rest of the config."""
+  from jaxdl.algorithms import ALGORITHMS, Centralized, Elastic
+  from jaxdl.engines import engines_for
+
+  cfg = config.algorithm
+  spec = ALGORITHMS.get(cfg.algorithm)
+  settings = config.settings()
+  engines = engines_for(spec.shape)
+  if cfg.engine != "auto":
+    engine = cfg.engine
+  elif config.output.dry_run and "sim" in engines:
+    engine = "sim"  # a dry run is a simulated schedule
+  else:
+    engine = engines[0]
+  if engine not in engines:
+    raise ConfigError("engine", cfg.engine,
+                      f"one of auto, {', '.join(engines)} for {spec.name}")
+  if spec.max_workers is not None and cfg.workers > spec.max_workers:
+    raise ConfigError("workers", cfg.workers,
+                      f"at most {spec.max_workers} for --algorithm {spec.name}")
+  if spec.check is not None:
+    spec.check(settings, config)
+  if cfg.async_bn and not issubclass(spec.shape, (Centralized, Elastic)):
+    raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server "
+                      f"(asp, ssp, easgd, dc_asgd, lc_asgd); {spec.name} has none")
+  return spec, engine
 
 
 def batch_sizes(config: RunConfig) -> tuple[int, ...]:

@@ -7,7 +7,6 @@ from typing import Any, Callable
 
 import optax
 
-from jaxdl.config import OptimConfig
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 
@@ -47,7 +46,7 @@ def parse_opt_args(optimizer: str, opt_args: str) -> dict[str, Any]:
   return kwargs
 
 
-def make_schedule(cfg: OptimConfig, total_steps: int,
+def make_schedule(cfg, total_steps: int,
                   steps_per_epoch: int) -> optax.ScalarOrSchedule:
   """Warmup (linear from 0) followed by the chosen decay, over `total_steps`.
 
@@ -75,7 +74,7 @@ def make_schedule(cfg: OptimConfig, total_steps: int,
   return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup), main], [warmup])
 
 
-def make_optimizer(cfg: OptimConfig, total_steps: int,
+def make_optimizer(cfg, total_steps: int,
                    steps_per_epoch: int) -> optax.GradientTransformation:
   """The optax optimizer that `cfg` names, with its schedule and weight decay."""
   fn = OPTIMIZERS.get(cfg.optimizer)

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-  from jaxdl.report import Report
+# The figures `write_all` draws, in its order.
+PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
+Report = Any  # a jaxdl.report.Report: its cells, networks and baseline
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+  return a / b if a and b else None
 
 
 def _pyplot():
@@ -25,7 +30,7 @@ def _colors(report: Report) -> dict[str, object]:
 
 def curves(report: Report, x: str, path: Path) -> Path:
   """Test accuracy against `x` ("time" or "epoch"), one panel per worker count."""
-  from jaxdl.report import BASELINE
+  BASELINE = report.baseline_variant
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
   workers = sorted({c.workers for c in cells if c.variant != BASELINE}) or [1]
@@ -48,7 +53,7 @@ def curves(report: Report, x: str, path: Path) -> Path:
 
 
 def accuracy_against_workers(report: Report, path: Path) -> Path:
-  from jaxdl.report import BASELINE
+  BASELINE = report.baseline_variant
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
   variants = list(dict.fromkeys(c.variant for c in cells if c.variant != BASELINE))
@@ -70,7 +75,7 @@ def accuracy_against_workers(report: Report, path: Path) -> Path:
 
 def speedup_against_workers(report: Report, path: Path) -> Path:
   """Throughput speedup over one-worker SGD, one panel per bandwidth."""
-  from jaxdl.report import BASELINE, ratio
+  BASELINE = report.baseline_variant
   plt = _pyplot()
   panels = [(n, report.train) for n in report.networks]
   panels += [(n, report.timing) for n in dict.fromkeys(c.network for c in report.timing)
@@ -107,7 +112,6 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_all(report: Report, directory: Path) -> list[Path]:
-  from jaxdl.report import PLOTS
   time_png, epochs_png, acc_png, speed_png = (directory / name for name in PLOTS)
   return [curves(report, "time", time_png), curves(report, "epoch", epochs_png),
           accuracy_against_workers(report, acc_png),

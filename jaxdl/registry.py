@@ -25,6 +25,14 @@ class Registry(Generic[T]):
       return entry
     return add
 
+  def add(self, entry: T) -> T:
+    """Registers an entry that carries its own `name` and `doc`."""
+    return self.register(entry.name, entry.doc)(entry)
+
+  def remove(self, name: str) -> None:
+    self._entries.pop(name)
+    self._docs.pop(name)
+
   def get(self, name: str) -> T:
     if name not in self._entries:
       raise ConfigError(self.field, name, "one of " + ", ".join(self._entries))

@@ -21,11 +21,12 @@ from typing import Any
 
 import tyro
 
-from jaxdl.compare import ABBREVIATION, CELLS_FILE, FLAGS, GRID_FILE, SETTING_OF
+from jaxdl import labels, trace
+from jaxdl.plots import PLOTS, ratio, write_all
+from jaxdl.compare import CELLS_FILE, GRID_FILE
 
 BASELINE = "sgd"
 REPORT = "report.md"
-PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +56,7 @@ class CellResult:
   @property
   def bn_variant(self) -> str:
     """The variant without its Async-BN suffix: asp_abn -> asp."""
-    suffix = "_" + FLAGS["async_bn"]
+    suffix = "_" + labels.ASYNC_BN
     return self.variant[:-len(suffix)] if self.async_bn and self.variant.endswith(suffix) \
         else self.variant
 
@@ -73,35 +74,19 @@ class CellResult:
     return next((p["time"] for p in self.curve if p["test_accuracy"] >= target), None)
 
 
-def _variant_of(config: dict) -> str:
-  algorithm = config["algorithm"]
-  field = SETTING_OF.get(algorithm)
-  suffix = f"_{FLAGS['async_bn']}" if config.get("async_bn") else ""
-  if field is None:
-    return algorithm + suffix
-  value = config[field]
-  value = f"{value:g}" if isinstance(value, float) else value
-  return f"{algorithm}_{ABBREVIATION[field]}{value}{suffix}"
-
-
 def _flat(path: Path) -> dict:
+  """A run's config.json as flat fields (its settings included)."""
   d = json.loads(path.read_text())
-  return {k: v for s in d.values() for k, v in s.items()} if all(
-      isinstance(v, dict) for v in d.values()) else d
+  if not all(isinstance(v, dict) for v in d.values()):
+    return d
+  flat = {k: v for s in d.values() for k, v in s.items() if k != "settings"}
+  return flat | dict(d.get("algorithm", {}).get("settings") or {})
 
 
-def step_times(trace: Path, num_workers: int) -> list[float]:
-  """Simulated time at the end of each step (every M-th worker iteration; a
-  synchronous "step" event is all M at once), as the sim engine counts steps."""
-  times, done = [], 0
-  with open(trace) as f:
-    for line in f:
-      e = json.loads(line)
-      kind = e["kind"]
-      done += num_workers if kind == "step" else kind in ("apply", "local")
-      if done and done % num_workers == 0 and kind in ("apply", "local", "step"):
-        times.append(e["time"])
-  return times
+def step_times(path: Path, num_workers: int) -> list[float]:
+  """Simulated time at the end of each step, as every engine counts steps."""
+  events = list(trace.read_trace(path))
+  return [events[i].time for i in trace.step_ends(events, num_workers)]
 
 
 def _curve(run: Path, summary: dict, workers: int) -> list[dict[str, float]]:
@@ -137,7 +122,7 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
     config = _flat(run / "config.json")
     summary = json.loads((run / "summary.json").read_text())
     workers = config["workers"]
-    results.append(CellResult(name, variant or _variant_of(config), workers,
+    results.append(CellResult(name, variant or labels.config_label(config), workers,
                               config["network"], bool(config.get("dry_run")), summary,
                               _curve(run, summary, workers), bool(config.get("async_bn"))))
   return results, status
@@ -165,6 +150,7 @@ def _workers(cells: list[CellResult]) -> list[int]:
 
 class Report:
   """Tables and plots of one comparison directory."""
+  baseline_variant = BASELINE
 
   def __init__(self, directory: str | Path, target_accuracy: float | None = None):
     self.directory = Path(directory)
@@ -294,8 +280,7 @@ class Report:
 
   def write(self) -> Path:
     """Writes report.md and the PNG plots into the directory; returns report.md."""
-    from jaxdl import plots
-    written = plots.write_all(self, self.directory)
+    written = write_all(self, self.directory)
     intro = (f"# Comparison: {self.directory.name}\n\n"
              f"{len(self.train)} training runs, {len(self.timing)} timing runs. Time is "
              "simulated time for sim runs, wall time otherwise. Degradation = (error − "
@@ -312,5 +297,3 @@ def degradation(error: float, base_error: float) -> float:
   return 100 * (error - base_error) / base_error
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-  return a / b if a and b else None

@@ -9,12 +9,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdl import distributed, rundir
-from jaxdl.algorithms import Algorithm, Problem, resolve
+from jaxdl import algorithms, distributed, rundir, trace
+from jaxdl.algorithms import AlgorithmSpec, Problem, Shape
 from jaxdl.checkpoint import Checkpointer, abstract
-from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, batch_sizes, validate
+from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve, validate
 from jaxdl.data import Dataset, Split, WorkerStreams, load_dataset
-from jaxdl.engines import ENGINES
+from jaxdl.engines import ENGINES, Engine
 from jaxdl.errors import ConfigError
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import build_model, count_params
@@ -27,38 +27,40 @@ def default_out(config: RunConfig) -> Path:
 
 
 @dataclasses.dataclass
-class _Setup:
+class Setup:
   """Everything a run builds from its config before training starts."""
   config: RunConfig
-  out: Path
   dataset: Dataset
   streams: WorkerStreams
-  algorithm: Algorithm
+  spec: AlgorithmSpec
+  algorithm: Shape
   problem: Problem
-  engine: Any
+  engine: Engine
   total_steps: int
   global_batch: int
 
 
-def _setup(config: RunConfig) -> _Setup:
-  """Validates everything that can fail on bad input; writes nothing."""
+def setup(config: RunConfig, streams: WorkerStreams | None = None) -> Setup:
+  """Validates `config` and builds its data, model, algorithm and engine;
+  writes nothing. `streams` replaces the config's data streams (tests)."""
   validate(config)
-  distributed.initialize(config.distributed)
-  out = Path(config.output.out) if config.output.out else default_out(config)
-  if distributed.is_main():
-    rundir.check_output(out, config.output.resume, config.output.overwrite)
-  algorithm, engine_name = resolve(config)
+  spec, engine_name = resolve(config)
   data = config.data
   dataset = load_dataset(data.dataset, data_dir=data.data_dir, image_size=data.image_size)
-  sizes = batch_sizes(config)
-  streams = WorkerStreams(dataset.train, sizes, config.train.seed)
+  streams = streams or WorkerStreams(dataset.train, batch_sizes(config), config.train.seed)
+  # Epochs count the samples of all workers together: an epoch is the number
+  # of steps in which the workers, each through its own shard, see the
+  # training set once.
   total = config.train.steps or max(1, round(config.train.epochs * streams.steps_per_epoch))
   model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
                       config.model.stem)
   problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch),
                     sync_bn=config.algorithm.sync_bn, async_bn=config.algorithm.async_bn)
+  algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
+                               config.algorithm.bn_decay if config.algorithm.async_bn else None)
   engine = ENGINES.get(engine_name)(algorithm, problem, streams, config, total)
-  return _Setup(config, out, dataset, streams, algorithm, problem, engine, total, sum(sizes))
+  return Setup(config, dataset, streams, spec, algorithm, problem, engine, total,
+               sum(streams.batch_sizes))
 
 
 def _check_resumable(out: Path, config: RunConfig) -> None:
@@ -108,8 +110,13 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
   before anything is written.
   """
   config = (config or RunConfig()).replace(**overrides)
-  setup = _setup(config)
-  out, resume = setup.out, config.output.resume
+  validate(config)
+  distributed.initialize(config.distributed)
+  out = Path(config.output.out) if config.output.out else default_out(config)
+  if distributed.is_main():
+    rundir.check_output(out, config.output.resume, config.output.overwrite)
+  built = setup(config)
+  resume = config.output.resume
   resuming = resume and (out / rundir.CONFIG).exists()
   if resuming:
     _check_resumable(out, config)
@@ -120,41 +127,41 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     rundir.write_json(out / rundir.CONFIG, config.to_dict())
   if config.output.dry_run:
-    return _dry_run(setup)
-  return _Training(setup, resuming).run()
+    return _dry_run(built, out)
+  return _Training(built, out, resuming).run()
 
 
-def _dry_run(setup: _Setup) -> dict[str, Any]:
+def _dry_run(setup: Setup, out: Path) -> dict[str, Any]:
   """The schedule's timing alone: no parameters, no math."""
-  info = setup.engine.info()
+  figures = setup.engine.figures()
   samples = setup.total_steps * setup.global_batch
-  summary = {**info, "steps": setup.total_steps, "samples": samples,
-             "samples_per_simulated_s": samples / info["simulated_time_s"],
-             "algorithm": setup.algorithm.name, "workers": setup.config.algorithm.workers,
+  summary = {**figures, "steps": setup.total_steps, "samples": samples,
+             "samples_per_simulated_s": samples / figures["simulated_time_s"],
+             "algorithm": setup.spec.name, "workers": setup.config.algorithm.workers,
              "model": setup.config.model.model, "dry_run": True}
-  setup.engine.write_trace(setup.out / rundir.TRACE)
-  rundir.write_json(setup.out / rundir.SUMMARY, summary)
+  trace.write_trace(out / rundir.TRACE, setup.engine.trace())
+  rundir.write_json(out / rundir.SUMMARY, summary)
   return summary
 
 
 class _Training:
   """The host loop: steps, logging, evaluation, checkpoints, summary."""
 
-  def __init__(self, setup: _Setup, resuming: bool):
-    self.s = setup
+  def __init__(self, setup: Setup, out: Path, resuming: bool):
+    self.s, self.out = setup, out
     c = setup.config.train
     spe = setup.streams.steps_per_epoch
     self.eval_every = c.eval_every or spe
     self.ckpt_every = c.checkpoint_every or spe
     self.state = setup.engine.init(jax.random.fold_in(jax.random.key(c.seed), 0))
-    self.ckpt = Checkpointer(setup.out / rundir.CHECKPOINTS, c.keep_checkpoints)
+    self.ckpt = Checkpointer(out / rundir.CHECKPOINTS, c.keep_checkpoints)
     self.start, self.wall_offset = 0, 0.0
     if resuming:
       restored = self.ckpt.restore_latest(abstract(self.state))
       if restored is not None:
         self.state, meta = restored
         self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
-    self.log = (rundir.MetricsLog(setup.out, self.start if resuming else None)
+    self.log = (rundir.MetricsLog(out, self.start if resuming else None)
                 if distributed.is_main() else rundir.NullLog())
     self.evaluator = Evaluator(setup.problem, setup.dataset.test)
     self.last_eval: dict[str, float] = {}
@@ -169,7 +176,7 @@ class _Training:
     self.t0 = time.perf_counter()
     bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                disable=not (s.config.output.progress and distributed.is_main()),
-               desc=s.algorithm.name)
+               desc=s.spec.name)
     pending, window_t, window_step = [], self._elapsed(), self.start
     try:
       for step in range(self.start, s.total_steps):
@@ -231,15 +238,14 @@ class _Training:
         "params_fingerprint": fingerprint(params),
         "model_state_fingerprint": fingerprint(model_state),
         "num_params": count_params(s.problem.model),
-        "algorithm": s.algorithm.name, "workers": s.config.algorithm.workers,
+        "algorithm": s.spec.name, "workers": s.config.algorithm.workers,
         "dataset": s.config.data.dataset, "model": s.config.model.model,
         "seed": s.config.train.seed,
         "jax_version": jax.__version__, "backend": jax.default_backend(),
-        **s.engine.info(),
+        **s.engine.figures(),
         **s.engine.report(self.state),
     }
     if distributed.is_main():
-      if hasattr(s.engine, "write_trace"):
-        s.engine.write_trace(s.out / rundir.TRACE)
-      rundir.write_json(s.out / rundir.SUMMARY, summary)
+      trace.write_trace(self.out / rundir.TRACE, s.engine.trace())
+      rundir.write_json(self.out / rundir.SUMMARY, summary)
     return summary

@@ -4,12 +4,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxdl.algorithms import Problem, resolve
-from jaxdl.config import RunConfig, batch_sizes
+from jaxdl.config import RunConfig
 from jaxdl.data import WorkerStreams, load_dataset
-from jaxdl.engines import ENGINES
-from jaxdl.models import build_model
-from jaxdl.optim import make_optimizer
+from jaxdl.runner import setup
 
 DIGITS = load_dataset("digits")
 
@@ -28,12 +25,11 @@ class ConcatenatedStreams:
 
 
 def make_engine(config: RunConfig, streams=None, total_steps: int = 60):
-  """The engine `config` names, on digits, ready for `total_steps` steps."""
-  streams = streams or WorkerStreams(DIGITS.train, batch_sizes(config), config.train.seed)
-  model = build_model(config.model.model, DIGITS.num_classes, DIGITS.image_shape)
-  problem = Problem(model, make_optimizer(config.optim, 1000, 40), config.algorithm.sync_bn)
-  algorithm, engine = resolve(config)
-  return ENGINES.get(engine)(algorithm, problem, streams, config, total_steps)
+  """The engine `config` names, on its data (digits by default), built as a
+  run builds it, for `total_steps` steps unless the config sets --steps."""
+  if config.train.steps is None:
+    config = config.replace(steps=total_steps)
+  return setup(config, streams).engine
 
 
 def train(engine, steps: int, key: int = 0):

@@ -11,7 +11,7 @@ from jaxdl.data import WorkerStreams
 from jaxdl.engines.sim import SimEngine
 from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
-from jaxdl.sim.events import Event, write_trace
+from jaxdl.trace import Event, write_trace
 from tests.helpers import DIGITS, leaves, make_engine, train
 
 CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=0.05, batch_size=32)

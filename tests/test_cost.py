@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxdl.errors import ConfigError
-from jaxdl.sim import (DEVICE_PROFILES, CostModel, Link, Network, achieved_flops,
+from jaxdl.cluster import (DEVICE_PROFILES, CostModel, Link, Network, achieved_flops,
                        parse_bandwidth, parse_cluster, send_over)
 
 

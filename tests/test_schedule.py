@@ -5,7 +5,7 @@ import time
 import pytest
 
 from jaxdl.errors import ConfigError
-from jaxdl.sim import (KINDS, CostModel, Schedule, centralized, decentralized, elastic,
+from jaxdl.cluster import (KINDS, CostModel, Schedule, centralized, decentralized, elastic,
                        gossip, summarize, synchronous)
 
 SHAPES = {

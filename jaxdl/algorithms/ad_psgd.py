@@ -6,6 +6,10 @@ its gradient, x_m <- x_m - lr * u(g) (its own optimizer state). Averaging
 preserves the mean of the workers' models; the evaluated model is that mean
 (batch-norm statistics averaged too). Real concurrent runs need a bipartite
 active/passive split to avoid deadlock; a simulated schedule does not.
+
+Versions read: `compute` reads the snapshot taken by `pull`, never the model
+that averages changed since; `average` both models as they are at the
+exchange; `apply` the worker's model after its average.
 """
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.shapes import Decentralized
 
 
 class PeerWorker(NamedTuple):
@@ -25,26 +29,8 @@ class PeerWorker(NamedTuple):
   grads: Any
 
 
-def init(problem: Problem, cfg, key, worker, num_workers) -> PeerWorker:
-  del cfg, worker, num_workers
-  state = problem.init_state(key)
-  return PeerWorker(*state, state.params, jax.tree.map(jax.numpy.zeros_like, state.params))
-
-
-def pull(problem: Problem, cfg, server, worker: PeerWorker) -> PeerWorker:
-  del problem, cfg, server
-  return worker._replace(pulled=worker.params)
-
-
-def compute(problem: Problem, cfg, worker: PeerWorker, batch, axis):
-  del cfg, axis
-  grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
-  return worker._replace(model_state=model_state, grads=grads), metrics
-
-
-def pair(problem: Problem, cfg, worker: PeerWorker, peer: PeerWorker):
+def average(worker: PeerWorker, peer: PeerWorker):
   """Atomic averaging of two workers' models -> (worker, peer)."""
-  del problem, cfg
   mean = lambda a, b: (a + b) / 2
   params = jax.tree.map(mean, worker.params, peer.params)
   model_state = jax.tree.map(mean, worker.model_state, peer.model_state)
@@ -52,22 +38,32 @@ def pair(problem: Problem, cfg, worker: PeerWorker, peer: PeerWorker):
           peer._replace(params=params, model_state=model_state))
 
 
-def apply(problem: Problem, cfg, server, worker: PeerWorker):
-  """The worker applies its (stale) gradient to its own model -> (server, worker)."""
-  del cfg
-  state = problem.apply_gradients(TrainState(*worker[:3]), worker.grads, worker.model_state)
-  return server, worker._replace(params=state.params, opt_state=state.opt_state)
-
-
-def evaluated(problem: Problem, cfg, server, workers: PeerWorker):
-  del problem, cfg, server
+def evaluated(workers: PeerWorker):
   return mean_over_workers(workers.params), mean_over_workers(workers.model_state)
 
 
-ALGORITHM = Algorithm(
-    name="ad_psgd", shape="decentralized", init=init, init_server=lambda problem, cfg, key: (),
-    pull=pull, compute=compute, pair=pair, apply=apply, evaluated=evaluated,
-    engines=("sim",),
-    # each iteration: a round trip of the model with one neighbour
-    bytes_per_step=lambda cfg, b, m: 2.0 * m * b,
-    schedule=lambda cost, iterations, cfg: sim.decentralized(cost, iterations))
+def build(settings, problem: Problem, num_workers: int) -> Decentralized:
+  del settings
+
+  def init(key, worker) -> PeerWorker:
+    state = problem.init_state(key)
+    return PeerWorker(*state, state.params, jax.tree.map(jax.numpy.zeros_like, state.params))
+
+  def compute(worker: PeerWorker, batch):
+    grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
+    return worker._replace(model_state=model_state, grads=grads), metrics
+
+  def apply(worker: PeerWorker) -> PeerWorker:
+    """The worker applies its (stale) gradient to its own model."""
+    state = problem.apply_gradients(TrainState(*worker[:3]), worker.grads, worker.model_state)
+    return worker._replace(params=state.params, opt_state=state.opt_state)
+
+  return Decentralized(
+      init=init, pull=lambda worker: worker._replace(pulled=worker.params), compute=compute,
+      average=average, apply=apply, evaluated=evaluated,
+      # each iteration: a round trip of the model with one neighbour
+      bytes_per_step=2.0 * num_workers * problem.model_bytes())
+
+
+SPEC = AlgorithmSpec("ad_psgd", "asynchronous decentralized: average with a random neighbour "
+                     "each iteration", Decentralized, build)

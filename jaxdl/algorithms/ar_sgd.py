@@ -10,26 +10,25 @@ from __future__ import annotations
 
 import jax
 
-from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.shapes import Collective
 
 
-def init(problem: Problem, cfg, key, worker, num_workers) -> TrainState:
-  del cfg, worker, num_workers  # every replica starts from the same parameters
+def init(problem: Problem, key) -> TrainState:
+  """Every replica starts from the same parameters."""
   return problem.init_state(key)
 
 
-def step(problem: Problem, cfg, state: TrainState, batch, step, axis):
-  del cfg, step
+def step(problem: Problem, state: TrainState, batch, step, axis):
+  del step
   grads, model_state, metrics = problem.gradients(state.params, state.model_state,
                                                   batch, axis)
   grads = axis.psum(grads)  # the all-reduce
   return problem.apply_gradients(state, grads, model_state), metrics
 
 
-def evaluated(problem: Problem, cfg, states: TrainState):
+def evaluated(states: TrainState):
   """Worker 0's replica (all are equal) with the workers' mean batch-norm statistics."""
-  del problem, cfg
   return jax.tree.map(lambda x: x[0], states.params), mean_over_workers(states.model_state)
 
 
@@ -38,15 +37,17 @@ def ring_bytes(model_bytes: float, num_workers: int) -> float:
   return 2.0 * (num_workers - 1) * model_bytes
 
 
-ALGORITHM = Algorithm(
-    name="ar_sgd", init=init, step=step, evaluated=evaluated,
-    bytes_per_step=lambda cfg, model_bytes, m: ring_bytes(model_bytes, m),
-    engines=("mesh", "sim"),
-    schedule=lambda cost, iterations, cfg: sim.synchronous(cost, iterations, "allreduce"))
+def build(settings, problem: Problem, num_workers: int) -> Collective:
+  del settings
+  return Collective(init=lambda key, worker: init(problem, key),
+                    step=lambda state, batch, t, axis: step(problem, state, batch, t, axis),
+                    evaluated=evaluated,
+                    bytes_per_step=ring_bytes(problem.model_bytes(), num_workers))
 
+
+SPEC = AlgorithmSpec("ar_sgd", "synchronous all-reduce SGD, a replica per worker",
+                     Collective, build)
 # Sequential SGD is AR-SGD's update on one worker: the baseline every
 # distributed algorithm is compared with.
-SGD = Algorithm(
-    name="sgd", init=init, step=step, evaluated=evaluated,
-    bytes_per_step=lambda cfg, model_bytes, m: 0.0, engines=("mesh", "sim"), max_workers=1,
-    schedule=lambda cost, iterations, cfg: sim.synchronous(cost, iterations, "allreduce"))
+SGD = AlgorithmSpec("sgd", "sequential SGD on one worker (any optax update rule)",
+                    Collective, build, max_workers=1)

@@ -6,18 +6,23 @@ w <- w - lr * u(g), so a gradient computed on version t lands at t + tau.
 SSP (Ho et al. 2013): the same math; a worker may start iteration c only if
 the slowest worker has finished c - s iterations (--staleness-bound s). The
 bound is scheduling policy: the engine enforces it, the math is ASP's.
+
+Versions read: `compute` reads the parameters the worker pulled (its entry in
+the staleness buffer); `apply` updates the server as it is when the push
+arrives.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, server_model
-from jaxdl.errors import ConfigError
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, server_evaluated
+from jaxdl.algorithms.shapes import Centralized
+from jaxdl.settings import Settings, require, setting
 
 
 class ServerState(NamedTuple):
@@ -32,32 +37,21 @@ class WorkerState(NamedTuple):
   grads: Any        # the gradient of its current iteration, once computed
 
 
-def init_server(problem: Problem, cfg, key, optimizer=None) -> ServerState:
-  """The server's parameters and the state of its update rule (`optimizer`,
-  the run's optax rule unless given)."""
-  del cfg
+def init_server(problem: Problem, key, optimizer: optax.GradientTransformation) -> ServerState:
+  """The server's parameters and the state of its update rule."""
   params, _ = problem.model.init(key)
-  optimizer = optimizer or problem.optimizer
   return ServerState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
 
-def init(problem: Problem, cfg, key, worker, num_workers) -> WorkerState:
-  del cfg, worker, num_workers
+def init(problem: Problem, key) -> WorkerState:
   params, model_state = problem.model.init(key)
   return WorkerState(params, model_state, jax.tree.map(jnp.zeros_like, params))
 
 
-def compute(problem: Problem, cfg, worker: WorkerState, batch, axis):
+def compute(problem: Problem, worker: WorkerState, batch):
   """A worker's gradient on the parameters it pulled -> (worker, metric shares)."""
-  del cfg, axis
   grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
   return WorkerState(worker.pulled, model_state, grads), metrics
-
-
-def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState):
-  """The server applies a worker's gradient on arrival -> (server, worker)."""
-  del cfg
-  return update(server, worker.grads, problem.optimizer), worker
 
 
 def update(server, grads, optimizer: optax.GradientTransformation, **extra_args):
@@ -68,27 +62,54 @@ def update(server, grads, optimizer: optax.GradientTransformation, **extra_args)
                          opt_state=opt_state, version=server.version + 1)
 
 
-def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState) -> WorkerState:
-  del problem, cfg
-  return worker._replace(pulled=server.params)
+def ps_bytes(problem: Problem, num_workers: int) -> float:
+  """Bytes of one round of M updates: M pushes and M pulls."""
+  return 2.0 * num_workers * problem.model_bytes()
 
 
-def check_ssp(cfg) -> None:
-  if cfg.algorithm.staleness_bound < 0:
-    raise ConfigError("staleness_bound", cfg.algorithm.staleness_bound,
-                      "an integer >= 0 (iterations the fastest worker may lead)")
+def parameter_server(problem: Problem, num_workers: int, *,
+                     optimizer: optax.GradientTransformation | None = None,
+                     staleness_bound: int | None = None) -> Centralized:
+  """ASP's handlers with the server's update rule `optimizer` (the run's
+  optax rule unless given) and SSP's bound."""
+  optimizer = optimizer or problem.optimizer
+
+  def apply(server: ServerState, worker: WorkerState, seconds):
+    del seconds
+    return update(server, worker.grads, optimizer), worker
+
+  def pull(server: ServerState, worker: WorkerState, seconds) -> WorkerState:
+    del seconds
+    return worker._replace(pulled=server.params)
+
+  return Centralized(
+      init_server=lambda key: init_server(problem, key, optimizer),
+      init=lambda key, worker: init(problem, key),
+      pull=pull, compute=lambda worker, batch: compute(problem, worker, batch),
+      apply=apply, evaluated=server_evaluated, bytes_per_step=ps_bytes(problem, num_workers),
+      staleness_bound=staleness_bound)
 
 
-def _ps_bytes(cfg, model_bytes, m):
-  return 2.0 * m * model_bytes  # per round of M updates: M pushes and M pulls
+def build_asp(settings: Settings, problem: Problem, num_workers: int) -> Centralized:
+  del settings
+  return parameter_server(problem, num_workers)
 
 
-CENTRALIZED = dict(init=init, init_server=init_server, compute=compute, apply=apply,
-                   pull=pull, evaluated=server_model, bytes_per_step=_ps_bytes,
-                   engines=("sim",), shape="centralized")
+@dataclasses.dataclass(frozen=True)
+class SSPSettings(Settings):
+  staleness_bound: int = setting(3, symbol="s")
+  """SSP's bound s: a worker may start iteration c once the slowest has finished c - s."""
 
-ASP = Algorithm(name="asp", **CENTRALIZED,
-                schedule=lambda cost, iterations, cfg: sim.centralized(cost, iterations))
-SSP = Algorithm(name="ssp", check=check_ssp, **CENTRALIZED,
-                schedule=lambda cost, iterations, cfg: sim.centralized(
-                    cost, iterations, staleness_bound=cfg.algorithm.staleness_bound))
+  def validate(self) -> None:
+    require("staleness_bound", self.staleness_bound, self.staleness_bound >= 0,
+            "an integer >= 0 (iterations the fastest worker may lead)")
+
+
+def build_ssp(settings: SSPSettings, problem: Problem, num_workers: int) -> Centralized:
+  return parameter_server(problem, num_workers, staleness_bound=settings.staleness_bound)
+
+
+ASP = AlgorithmSpec("asp", "asynchronous parameter server: every push applied on arrival",
+                    Centralized, build_asp)
+SSP = AlgorithmSpec("ssp", "stale synchronous parallel: asp with --staleness-bound",
+                    Centralized, build_ssp, SSPSettings)

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from jaxdl.algorithms.base import Algorithm, Problem
+from jaxdl.algorithms.base import Problem
+from jaxdl.algorithms.shapes import Centralized, Elastic
 from jaxdl.errors import ConfigError
 
 
@@ -30,30 +31,33 @@ def moving_average(stats, reported, decay: float):
   return jax.tree.map(lambda e, r: (1 - decay) * e + decay * r, stats, reported)
 
 
-def wrap(algorithm: Algorithm) -> Algorithm:
-  """`algorithm` with Async-BN; a ConfigError if it has no server to keep them."""
-  receive = {"centralized": "apply", "elastic": "exchange"}.get(algorithm.shape)
-  if receive is None:
+def wrap(algorithm: Centralized | Elastic, problem: Problem, decay: float,
+         name: str) -> Centralized | Elastic:
+  """`algorithm` (called `name`) with Async-BN; a ConfigError if it has no
+  server to keep the statistics."""
+  if isinstance(algorithm, Centralized):
+    receive = "apply"
+  elif isinstance(algorithm, Elastic):
+    receive = "exchange"
+  else:
     raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server "
-                      f"(asp, ssp, easgd, dc_asgd, lc_asgd); {algorithm.name} has none")
+                      f"(asp, ssp, easgd, dc_asgd, lc_asgd); {name} has none")
+  received_by = getattr(algorithm, receive)
 
-  def init_server(problem: Problem, cfg, key) -> ServerState:
-    return ServerState(algorithm.init_server(problem, cfg, key), problem.model.init(key)[1])
+  def init_server(key) -> ServerState:
+    return ServerState(algorithm.init_server(key), problem.model.init(key)[1])
 
-  def received(problem: Problem, cfg, server: ServerState, worker, *timing):
-    inner, updated = getattr(algorithm, receive)(problem, cfg, server.inner, worker, *timing)
-    stats = moving_average(server.stats, worker.model_state, cfg.algorithm.bn_decay)
-    return ServerState(inner, stats), updated
+  def received(server: ServerState, worker, *timing):
+    inner, updated = received_by(server.inner, worker, *timing)
+    return ServerState(inner, moving_average(server.stats, worker.model_state, decay)), updated
 
-  def evaluated(problem: Problem, cfg, server: ServerState, workers):
-    params, _ = algorithm.evaluated(problem, cfg, server.inner, workers)
+  def evaluated(server: ServerState, workers):
+    params, _ = algorithm.evaluated(server.inner, workers)
     return params, server.stats
 
-  def inner(fn):
-    return fn and (lambda problem, cfg, server, *args: fn(problem, cfg, server.inner, *args))
-
-  report = algorithm.report and (
-      lambda problem, cfg, server: algorithm.report(problem, cfg, server.inner))
-  return dataclasses.replace(algorithm, init_server=init_server, evaluated=evaluated,
-                             pull=inner(algorithm.pull), report=report,
-                             **{receive: received})
+  changes = dict(init_server=init_server, evaluated=evaluated,
+                 report=lambda server: algorithm.report(server.inner), **{receive: received})
+  if isinstance(algorithm, Centralized):
+    changes["pull"] = lambda server, worker, seconds: algorithm.pull(server.inner, worker,
+                                                                     seconds)
+  return dataclasses.replace(algorithm, **changes)

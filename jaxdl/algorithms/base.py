@@ -1,4 +1,4 @@
-"""The algorithm contract: pure functions over pytree states, plus declared policy."""
+"""What every algorithm trains (`Problem`), on what (`Batch`), and its registry entry."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +11,7 @@ import optax
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.models import Model
 from jaxdl.models.layers import BatchStats
+from jaxdl.settings import Settings
 
 Metrics = dict[str, jax.Array]
 
@@ -103,64 +104,28 @@ def mean_over_workers(stacked):
   return jax.tree.map(lambda x: jnp.mean(x, axis=0), stacked)
 
 
-def server_model(problem: Problem, cfg, server, workers):
+def server_evaluated(server, workers):
   """The evaluated model of a server-based algorithm: the server's parameters
   with the workers' mean batch-norm statistics."""
-  del problem, cfg
   return server.params, mean_over_workers(workers.model_state)
 
 
 @dataclasses.dataclass(frozen=True)
-class Algorithm:
-  """A registry entry: an algorithm's pure functions and its declared policy.
+class AlgorithmSpec:
+  """A registry entry: an algorithm's name, settings and factory.
 
-  Every shape:
-    init(problem, cfg, key, worker, num_workers) -> one worker's state
-    bytes_per_step(cfg, model_bytes, num_workers) -> bytes all workers send
-      per step (a step is one iteration of every worker), for the summary
-    check(cfg) raises a ConfigError on bad policy values.
-
-  "collective" (bsp, ar_sgd, local_sgd; run by the mesh engine):
-    step(problem, cfg, state, batch, step, axis) -> (state, metric shares)
-      `step` is the global step; collectives go through `axis`, a WorkerAxis.
-    evaluated(problem, cfg, workers) -> (params, model_state) evaluated, from
-      the worker states stacked over workers.
-
-  Event shapes (run by the sim engine in a schedule's order, jaxdl.sim.events):
-    init_server(problem, cfg, key) -> server state (an empty tuple if none)
-    pull(problem, cfg, server, worker) -> worker       ("pull": take a snapshot)
-    compute(problem, cfg, worker, batch, axis) -> (worker, metric shares)
-        (the gradient of the snapshot; batched over workers by the engine)
-    apply(problem, cfg, server, worker) -> (server, worker)   ("apply")
-    local(problem, cfg, worker, batch, axis) -> (worker, metric shares)
-        ("local": a step on the worker's own parameters; batched)
-    exchange(problem, cfg, server, worker) -> (server, worker)  ("exchange")
-    pair(problem, cfg, worker, peer) -> (worker, peer)  ("gossip", "average")
-    evaluated(problem, cfg, server, workers) -> (params, model_state)
+  `build(settings, problem, num_workers)` returns the algorithm's shape (a
+  `jaxdl.algorithms.shapes` record of pure functions closed over the
+  settings). `settings` is a `jaxdl.settings.Settings` dataclass: its fields
+  become flat `jaxdl run` flags, `jaxdl list` rows and compare labels.
+  `check(settings, config)` raises a ConfigError for settings of other
+  sections that the algorithm cannot run with (e.g. bsp's server shards).
+  The engines that can run it are those that declare its shape.
   """
   name: str
-  init: Callable[..., Any]
-  evaluated: Callable[..., tuple[Any, Any]]
-  bytes_per_step: Callable[[Any, int, int], float]
-  engines: tuple[str, ...]
-  shape: str = "collective"
-  step: Callable[..., tuple[Any, Metrics]] | None = None
-  init_server: Callable[..., Any] | None = None
-  pull: Callable[..., Any] | None = None
-  compute: Callable[..., tuple[Any, Metrics]] | None = None
-  apply: Callable[..., Any] | None = None
-  local: Callable[..., tuple[Any, Metrics]] | None = None
-  exchange: Callable[..., Any] | None = None
-  pair: Callable[..., Any] | None = None
-  # Timed: pull and apply also take the event's `duration` (a float32
-  # scalar: a pull's transfer seconds, an apply's compute seconds) as a last
-  # argument, for algorithms whose math uses the cluster's timing (LC-ASGD).
-  timed: bool = False
-  # report(problem, cfg, server) -> {name: scalar} for summary.json (e.g.
-  # LC-ASGD's predictor errors).
-  report: Callable[..., dict] | None = None
+  doc: str
+  shape: type
+  build: Callable[[Any, Problem, int], Any]
+  settings: type = Settings
   max_workers: int | None = None
-  check: Callable[[Any], None] = lambda cfg: None  # raises ConfigError on bad policy
-  # The declared policy as a timing schedule: (cost model, iterations per
-  # worker, cfg) -> jaxdl.sim.Schedule, for the sim engine and --dry-run.
-  schedule: Callable[..., Any] | None = None
+  check: Callable[[Any, Any], None] | None = None

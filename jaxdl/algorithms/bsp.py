@@ -23,8 +23,8 @@ import optax
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, mean_over_workers
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, mean_over_workers
+from jaxdl.algorithms.shapes import Collective
 from jaxdl.errors import ConfigError
 
 # Optimizers whose update of one coordinate reads only that coordinate.
@@ -50,49 +50,47 @@ def _pad(flat: jax.Array, length: int) -> jax.Array:
   return jnp.pad(flat, (0, length - flat.size))
 
 
-def init(problem: Problem, cfg, key, worker, num_workers) -> BSPState:
-  del cfg
-  params, model_state = problem.model.init(key)
-  size, padded, _ = _flat_layout(problem, num_workers)
+def build(settings, problem: Problem, num_workers: int) -> Collective:
+  del settings
+  size, padded, unravel = _flat_layout(problem, num_workers)
   chunk = padded // num_workers
-  flat = _pad(ravel_pytree(params)[0], padded)
-  server_params = lax.dynamic_slice(flat, (worker * chunk,), (chunk,))
-  return BSPState(server_params, problem.optimizer.init(server_params), model_state)
+
+  def init(key, worker) -> BSPState:
+    params, model_state = problem.model.init(key)
+    flat = _pad(ravel_pytree(params)[0], padded)
+    server_params = lax.dynamic_slice(flat, (worker * chunk,), (chunk,))
+    return BSPState(server_params, problem.optimizer.init(server_params), model_state)
+
+  def step(state: BSPState, batch, step, axis):
+    del step
+    params = unravel(axis.all_gather(state.server_params).reshape(-1)[:size])  # pull
+    grads, model_state, metrics = problem.gradients(params, state.model_state, batch, axis)
+    grad_slice = axis.psum_scatter(_pad(ravel_pytree(grads)[0], padded))    # push
+    updates, opt_state = problem.optimizer.update(grad_slice, state.server_opt_state,
+                                                  state.server_params)
+    return BSPState(optax.apply_updates(state.server_params, updates), opt_state,
+                    model_state), metrics
+
+  def evaluated(states: BSPState):
+    """The server's parameters with the workers' mean batch-norm statistics."""
+    return (unravel(states.server_params.reshape(-1)[:size]),
+            mean_over_workers(states.model_state))
+
+  # every worker pushes a gradient and pulls the parameters
+  return Collective(init=init, step=step, evaluated=evaluated, sync="ps",
+                    bytes_per_step=2.0 * num_workers * problem.model_bytes())
 
 
-def step(problem: Problem, cfg, state: BSPState, batch, step, axis):
-  del cfg, step
-  size, padded, unravel = _flat_layout(problem, axis.size)
-  params = unravel(axis.all_gather(state.server_params).reshape(-1)[:size])  # pull
-  grads, model_state, metrics = problem.gradients(params, state.model_state, batch, axis)
-  grad_slice = axis.psum_scatter(_pad(ravel_pytree(grads)[0], padded))    # push
-  updates, opt_state = problem.optimizer.update(grad_slice, state.server_opt_state,
-                                                state.server_params)
-  return BSPState(optax.apply_updates(state.server_params, updates), opt_state,
-                  model_state), metrics
-
-
-def evaluated(problem: Problem, cfg, states: BSPState):
-  """The server's parameters with the workers' mean batch-norm statistics."""
-  del cfg
-  num_workers = states.server_params.shape[0]
-  size, _, unravel = _flat_layout(problem, num_workers)
-  return unravel(states.server_params.reshape(-1)[:size]), mean_over_workers(states.model_state)
-
-
-def check(cfg) -> None:
-  workers, servers = cfg.algorithm.workers, cfg.cluster.servers
+def check(settings, config) -> None:
+  del settings
+  workers, servers = config.algorithm.workers, config.cluster.servers
   if servers < 1 or servers > workers or workers % servers:
     raise ConfigError("servers", servers, f"a divisor of --workers {workers}")
-  if cfg.optim.optimizer in LAYERWISE_OPTIMIZERS:
-    raise ConfigError("optimizer", cfg.optim.optimizer,
+  if config.optim.optimizer in LAYERWISE_OPTIMIZERS:
+    raise ConfigError("optimizer", config.optim.optimizer,
                       "an elementwise optimizer for bsp, whose server updates flat "
                       "slices (use --algorithm ar_sgd for layer-wise ones)")
 
 
-ALGORITHM = Algorithm(
-    name="bsp", init=init, step=step, evaluated=evaluated,
-    # every worker pushes a gradient and pulls the parameters
-    bytes_per_step=lambda cfg, model_bytes, m: 2.0 * m * model_bytes,
-    engines=("mesh", "sim"), check=check,
-    schedule=lambda cost, iterations, cfg: sim.synchronous(cost, iterations, "ps"))
+SPEC = AlgorithmSpec("bsp", "bulk synchronous parallel with a sharded parameter server",
+                     Collective, build, check=check)

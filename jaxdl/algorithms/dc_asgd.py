@@ -4,9 +4,8 @@ The server applies a gradient g computed on the w_bak that worker m pulled as
   w <- w - lr * u(g + lambda * g * g * (w - w_bak))
 i.e. its update rule is `optax.chain(delay_compensation(...), <the run's
 optax rule>)`, with w_bak (the worker's entry in the staleness buffer) as the
-chain's extra argument. --dc-lambda (0.04: DC-ASGD-c), --dc-adaptive
-(DC-ASGD-a: lambda0 / sqrt(v)), --dc-beta. Schedule, workers and evaluated
-model are ASP's.
+chain's extra argument. Schedule, workers and evaluated model are ASP's;
+`apply` reads the server as it is on arrival and the w_bak the worker pulled.
 """
 from __future__ import annotations
 
@@ -15,23 +14,39 @@ import dataclasses
 import optax
 
 from jaxdl.algorithms import asp
-from jaxdl.algorithms.base import Problem
+from jaxdl.algorithms.base import AlgorithmSpec, Problem
 from jaxdl.algorithms.compensation import delay_compensation
+from jaxdl.algorithms.shapes import Centralized
+from jaxdl.settings import Settings, require
 
 
-def optimizer(problem: Problem, cfg) -> optax.GradientTransformationExtraArgs:
-  a = cfg.algorithm
-  return optax.chain(delay_compensation(a.dc_lambda, a.dc_adaptive, a.dc_beta),
-                     problem.optimizer)
+@dataclasses.dataclass(frozen=True)
+class DCSettings(Settings):
+  dc_lambda: float = 0.04
+  """DC-ASGD's lambda (constant, DC-ASGD-c), or lambda0 with --dc-adaptive."""
+  dc_adaptive: bool = False
+  """DC-ASGD-a: lambda_t = dc_lambda / sqrt(v_t), v_t a moving mean square of the gradients (the paper: lambda0 2)."""
+  dc_beta: float = 0.95
+  """DC-ASGD-a's decay of the gradients' moving mean square."""
+
+  def validate(self) -> None:
+    require("dc_lambda", self.dc_lambda, self.dc_lambda >= 0, "a number >= 0")
+    require("dc_beta", self.dc_beta, 0 <= self.dc_beta < 1, "a decay in [0, 1)")
 
 
-def init_server(problem: Problem, cfg, key) -> asp.ServerState:
-  return asp.init_server(problem, cfg, key, optimizer(problem, cfg))
+def build(settings: DCSettings, problem: Problem, num_workers: int) -> Centralized:
+  optimizer = optax.chain(
+      delay_compensation(settings.dc_lambda, settings.dc_adaptive, settings.dc_beta),
+      problem.optimizer)
+  ps = asp.parameter_server(problem, num_workers, optimizer=optimizer)
+
+  def apply(server: asp.ServerState, worker: asp.WorkerState, seconds):
+    """The compensated update, w_bak = the parameters the worker pulled."""
+    del seconds
+    return asp.update(server, worker.grads, optimizer, w_bak=worker.pulled), worker
+
+  return dataclasses.replace(ps, apply=apply)
 
 
-def apply(problem: Problem, cfg, server: asp.ServerState, worker: asp.WorkerState):
-  """The compensated update, w_bak = the parameters the worker pulled."""
-  return asp.update(server, worker.grads, optimizer(problem, cfg), w_bak=worker.pulled), worker
-
-
-ALGORITHM = dataclasses.replace(asp.ASP, name="dc_asgd", init_server=init_server, apply=apply)
+SPEC = AlgorithmSpec("dc_asgd", "asp with delay compensation (--dc-lambda, --dc-adaptive)",
+                     Centralized, build, DCSettings)

@@ -6,66 +6,67 @@ x_m <- x_m - lr * u(g_m); then it meets the center w:
 with alpha = --elasticity (the paper's alpha = lr * rho; unset: 0.9 / M, the
 synchronous variant's moving rate beta = M alpha = 0.9). The evaluated model
 is the center w (with the workers' mean batch-norm statistics).
+
+Versions read: `local` reads the worker's own parameters; `exchange` the
+worker's parameters as they were when it sent them (it takes no step while
+the exchange is in flight) and the center as it is on their arrival.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 
-from jaxdl import sim
-from jaxdl.algorithms.base import Algorithm, Problem, TrainState, server_model
-from jaxdl.errors import ConfigError
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, server_evaluated
+from jaxdl.algorithms.shapes import Elastic
+from jaxdl.settings import Settings, require, setting
 
 
 class Center(NamedTuple):
   params: Any
 
 
-def elasticity(cfg) -> float:
-  alpha = cfg.algorithm.elasticity
-  return 0.9 / cfg.algorithm.workers if alpha is None else alpha
+@dataclasses.dataclass(frozen=True)
+class EASGDSettings(Settings):
+  communication_period: int = setting(4, symbol="tau")
+  """EASGD's tau: local steps between elastic exchanges with the center."""
+  elasticity: float | None = setting(None, symbol="alpha")
+  """EASGD's alpha: the fraction of the worker-center difference exchanged (unset: 0.9 / M)."""
+
+  def validate(self) -> None:
+    require("communication_period", self.communication_period, self.communication_period >= 1,
+            "an integer >= 1 (local steps between exchanges)")
+    require("elasticity", self.elasticity,
+            self.elasticity is None or 0 <= self.elasticity <= 1, "a number in [0, 1]")
 
 
-def init_server(problem: Problem, cfg, key) -> Center:
-  del cfg
-  return Center(problem.model.init(key)[0])
-
-
-def init(problem: Problem, cfg, key, worker, num_workers) -> TrainState:
-  del cfg, worker, num_workers  # every worker starts at the center
-  return problem.init_state(key)
-
-
-def local(problem: Problem, cfg, worker: TrainState, batch, axis):
-  """One local step on the worker's own parameters."""
-  del cfg, axis
+def local(problem: Problem, worker: TrainState, batch):
+  """One local step on the worker's own parameters -> (worker, metric shares)."""
   grads, model_state, metrics = problem.own_gradients(worker.params, worker.model_state, batch)
   return problem.apply_gradients(worker, grads, model_state), metrics
 
 
-def exchange(problem: Problem, cfg, center: Center, worker: TrainState):
+def exchange(alpha: float, center: Center, worker: TrainState):
   """The elastic update between a worker and the center -> (center, worker)."""
-  del problem
-  alpha = elasticity(cfg)
   d = jax.tree.map(lambda x, w: alpha * (x - w), worker.params, center.params)
   return (Center(jax.tree.map(lambda w, di: w + di, center.params, d)),
           worker._replace(params=jax.tree.map(lambda x, di: x - di, worker.params, d)))
 
 
-def check(cfg) -> None:
-  if cfg.algorithm.communication_period < 1:
-    raise ConfigError("communication_period", cfg.algorithm.communication_period,
-                      "an integer >= 1 (local steps between exchanges)")
-  alpha = cfg.algorithm.elasticity
-  if alpha is not None and not 0 <= alpha <= 1:
-    raise ConfigError("elasticity", alpha, "a number in [0, 1]")
+def build(settings: EASGDSettings, problem: Problem, num_workers: int) -> Elastic:
+  alpha = 0.9 / num_workers if settings.elasticity is None else settings.elasticity
+  period = settings.communication_period
+  return Elastic(
+      init_server=lambda key: Center(problem.model.init(key)[0]),
+      init=lambda key, worker: problem.init_state(key),  # every worker starts at the center
+      local=lambda worker, batch: local(problem, worker, batch),
+      exchange=lambda center, worker: exchange(alpha, center, worker),
+      evaluated=server_evaluated,
+      # each exchange is a round trip of the model with the center
+      bytes_per_step=2.0 * num_workers * problem.model_bytes() / period,
+      period=period)
 
 
-ALGORITHM = Algorithm(
-    name="easgd", shape="elastic", init=init, init_server=init_server, local=local,
-    exchange=exchange, evaluated=server_model, engines=("sim",), check=check,
-    # each exchange is a round trip of the model with the center
-    bytes_per_step=lambda cfg, b, m: 2.0 * m * b / cfg.algorithm.communication_period,
-    schedule=lambda cost, iterations, cfg: sim.elastic(
-        cost, iterations, cfg.algorithm.communication_period))
+SPEC = AlgorithmSpec("easgd", "elastic averaging with a center every --communication-period "
+                     "local steps", Elastic, build, EASGDSettings)

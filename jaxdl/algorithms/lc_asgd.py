@@ -13,7 +13,9 @@ Asynchronous batch norm is `--async-bn` (jaxdl.algorithms.async_bn), for this
 and the other algorithms with a server. Every piece is swappable: `make(pieces)`
 builds the algorithm from other predictors or another compensation.
 
-Flags: --lc-lambda (lambda), --lc-max-delay (the longest rollout). The summary
+Versions read: `compute` reads what the worker pulled; `apply` the server's
+predictors and parameters as they are on arrival. Settings: --lc-lambda
+(lambda), --lc-max-delay (the longest rollout). The summary
 adds the predictors' errors: lc_delay_mae (|predicted - actual delay|, mean
 over updates), lc_delay_predicted_mean, lc_delay_actual_mean, lc_loss_mae
 (|predicted next loss - received loss|).
@@ -28,9 +30,24 @@ import jax.numpy as jnp
 import optax
 
 from jaxdl.algorithms import asp
-from jaxdl.algorithms.base import Algorithm, Problem
+from jaxdl.algorithms.base import AlgorithmSpec, Problem
 from jaxdl.algorithms.compensation import loss_compensation
 from jaxdl.algorithms.predictors import LossPredictor, StepPredictor
+from jaxdl.algorithms.shapes import Centralized
+from jaxdl.settings import Settings, require
+
+
+@dataclasses.dataclass(frozen=True)
+class LCSettings(Settings):
+  lc_lambda: float = 0.01
+  """LC-ASGD's lambda: workers descend on loss + lambda * l_delay, the predicted losses of the updates landing before their gradient."""
+  lc_max_delay: int | None = None
+  """LC-ASGD: the longest delay the loss predictor rolls out (unset: 2 M)."""
+
+  def validate(self) -> None:
+    require("lc_lambda", self.lc_lambda, self.lc_lambda >= 0, "a number >= 0")
+    require("lc_max_delay", self.lc_max_delay,
+            self.lc_max_delay is None or self.lc_max_delay >= 1, "an integer >= 1")
 
 
 class Pieces(NamedTuple):
@@ -40,10 +57,10 @@ class Pieces(NamedTuple):
   compensation: optax.GradientTransformationExtraArgs  # takes delay_loss_slope
 
 
-def default_pieces(cfg) -> Pieces:
-  a = cfg.algorithm
-  return Pieces(StepPredictor(), LossPredictor(max_delay=a.lc_max_delay or 2 * a.workers),
-                loss_compensation(a.lc_lambda))
+def default_pieces(settings: LCSettings, num_workers: int) -> Pieces:
+  return Pieces(StepPredictor(),
+                LossPredictor(max_delay=settings.lc_max_delay or 2 * num_workers),
+                loss_compensation(settings.lc_lambda))
 
 
 class ServerState(NamedTuple):
@@ -66,58 +83,60 @@ class WorkerState(NamedTuple):
   index: jax.Array    # int32: which worker
 
 
-def make(pieces: Callable[[Any], Pieces] = default_pieces) -> Algorithm:
-  """LC-ASGD from `pieces(cfg)`: its predictors and compensation."""
+def make(pieces: Callable[[LCSettings, int], Pieces] = default_pieces
+         ) -> Callable[[LCSettings, Problem, int], Centralized]:
+  """LC-ASGD's factory, with its predictors and compensation from
+  `pieces(settings, num_workers)`."""
 
-  def optimizer(problem: Problem, cfg):
-    return optax.chain(pieces(cfg).compensation, problem.optimizer)
+  def build(settings: LCSettings, problem: Problem, num_workers: int) -> Centralized:
+    p = pieces(settings, num_workers)
+    optimizer = optax.chain(p.compensation, problem.optimizer)
 
-  def init_server(problem: Problem, cfg, key) -> ServerState:
-    p = pieces(cfg)
-    server = asp.init_server(problem, cfg, key, optimizer(problem, cfg))
-    return ServerState(*server, p.steps.init(cfg.algorithm.workers), p.losses.init(),
-                       jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
+    def init_server(key) -> ServerState:
+      server = asp.init_server(problem, key, optimizer)
+      return ServerState(*server, p.steps.init(num_workers), p.losses.init(),
+                         jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
 
-  def init(problem: Problem, cfg, key, worker, num_workers) -> WorkerState:
-    pulled, model_state, grads = asp.init(problem, cfg, key, worker, num_workers)
-    return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
-                       jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
-                       jnp.asarray(worker, jnp.int32))
+    def init(key, worker) -> WorkerState:
+      pulled, model_state, grads = asp.init(problem, key)
+      return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
+                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+                         jnp.asarray(worker, jnp.int32))
 
-  def compute(problem: Problem, cfg, worker: WorkerState, batch, axis):
-    del cfg, axis
-    grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
-    loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
-    return worker._replace(model_state=model_state, grads=grads, loss=loss), metrics
+    def compute(worker: WorkerState, batch):
+      grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state,
+                                                          batch)
+      loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
+      return worker._replace(model_state=model_state, grads=grads, loss=loss), metrics
 
-  def pull(problem: Problem, cfg, server: ServerState, worker: WorkerState, t_comm):
-    del problem, cfg
-    return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)
+    def pull(server: ServerState, worker: WorkerState, t_comm):
+      return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)
 
-  def apply(problem: Problem, cfg, server: ServerState, worker: WorkerState, t_comp):
-    p = pieces(cfg)
-    delay = (server.version - worker.version).astype(jnp.float32)
-    k = p.steps.predict(server.steps, worker.index, worker.t_comm, t_comp)
-    steps = p.steps.update(server.steps, worker.index, worker.t_comm, t_comp, delay)
-    seen = (server.losses.seen > 0).astype(jnp.float32)
-    loss_error = seen * jnp.abs(server.next_loss - worker.loss)
-    losses = p.losses.update(server.losses, worker.loss)
-    _, slope = p.losses.compensation(losses, worker.loss, k)
-    errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
-    server = asp.update(server, worker.grads, optimizer(problem, cfg), delay_loss_slope=slope)
-    return server._replace(steps=steps, losses=losses, errors=errors,
-                           next_loss=p.losses.predict_next(losses, worker.loss)), worker
+    def apply(server: ServerState, worker: WorkerState, t_comp):
+      delay = (server.version - worker.version).astype(jnp.float32)
+      k = p.steps.predict(server.steps, worker.index, worker.t_comm, t_comp)
+      steps = p.steps.update(server.steps, worker.index, worker.t_comm, t_comp, delay)
+      seen = (server.losses.seen > 0).astype(jnp.float32)
+      loss_error = seen * jnp.abs(server.next_loss - worker.loss)
+      losses = p.losses.update(server.losses, worker.loss)
+      _, slope = p.losses.compensation(losses, worker.loss, k)
+      errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
+      server = asp.update(server, worker.grads, optimizer, delay_loss_slope=slope)
+      return server._replace(steps=steps, losses=losses, errors=errors,
+                             next_loss=p.losses.predict_next(losses, worker.loss)), worker
 
-  def report(problem: Problem, cfg, server: ServerState) -> dict:
-    del problem, cfg
-    e = server.errors
-    n = jnp.maximum(e[3], 1)
-    return {"lc_delay_mae": e[0] / n, "lc_delay_predicted_mean": e[1] / n,
-            "lc_delay_actual_mean": e[2] / n, "lc_loss_mae": e[4] / jnp.maximum(e[5], 1)}
+    def report(server: ServerState) -> dict:
+      e = server.errors
+      n = jnp.maximum(e[3], 1)
+      return {"lc_delay_mae": e[0] / n, "lc_delay_predicted_mean": e[1] / n,
+              "lc_delay_actual_mean": e[2] / n, "lc_loss_mae": e[4] / jnp.maximum(e[5], 1)}
 
-  return dataclasses.replace(asp.ASP, name="lc_asgd", init=init, init_server=init_server,
-                             compute=compute, apply=apply, pull=pull, timed=True,
-                             report=report)
+    ps = asp.parameter_server(problem, num_workers, optimizer=optimizer)
+    return dataclasses.replace(ps, init_server=init_server, init=init, compute=compute,
+                               pull=pull, apply=apply, report=report)
+
+  return build
 
 
-ALGORITHM = make()
+SPEC = AlgorithmSpec("lc_asgd", "asp with loss-prediction compensation (--lc-lambda), "
+                     "step and loss predictors", Centralized, make(), LCSettings)

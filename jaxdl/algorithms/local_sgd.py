@@ -8,46 +8,54 @@ With H = 1 and plain SGD this is AR-SGD.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 from jax import lax
 
-from jaxdl import sim
 from jaxdl.algorithms import ar_sgd
-from jaxdl.algorithms.base import Algorithm, Problem, TrainState, mean_over_workers
-from jaxdl.errors import ConfigError
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.shapes import Collective
+from jaxdl.settings import Settings, require, setting
 
 
-def step(problem: Problem, cfg, state: TrainState, batch, step, axis):
-  share = batch.weights.sum()  # b_m / B
-  grads, model_state, metrics = problem.gradients(state.params, state.model_state,
-                                                  batch, axis)
-  grads = jax.tree.map(lambda g: g / share, grads)  # this worker's own mean gradient
-  state = problem.apply_gradients(state, grads, model_state)
+@dataclasses.dataclass(frozen=True)
+class LocalSGDSettings(Settings):
+  communication_period: int = setting(4, symbol="tau")
+  """Local SGD's H: local steps between model averagings."""
 
-  def average(state: TrainState) -> TrainState:
-    params, model_state = axis.psum(jax.tree.map(
-        lambda x: x * share, (state.params, state.model_state)))
-    return TrainState(params, model_state, state.opt_state)
-
-  period = cfg.algorithm.communication_period
-  return lax.cond((step + 1) % period == 0, average, lambda s: s, state), metrics
+  def validate(self) -> None:
+    require("communication_period", self.communication_period, self.communication_period >= 1,
+            "an integer >= 1 (local steps between averagings)")
 
 
-def evaluated(problem: Problem, cfg, states: TrainState):
+def evaluated(states: TrainState):
   """The mean of the workers' models (equal to each right after an averaging)."""
-  del problem, cfg
   return mean_over_workers(states.params), mean_over_workers(states.model_state)
 
 
-def check(cfg) -> None:
-  if cfg.algorithm.communication_period < 1:
-    raise ConfigError("communication_period", cfg.algorithm.communication_period,
-                      "an integer >= 1 (local steps between averagings)")
+def build(settings: LocalSGDSettings, problem: Problem, num_workers: int) -> Collective:
+  period = settings.communication_period
+
+  def step(state: TrainState, batch, step, axis):
+    share = batch.weights.sum()  # b_m / B
+    grads, model_state, metrics = problem.gradients(state.params, state.model_state,
+                                                    batch, axis)
+    grads = jax.tree.map(lambda g: g / share, grads)  # this worker's own mean gradient
+    state = problem.apply_gradients(state, grads, model_state)
+
+    def average(state: TrainState) -> TrainState:
+      params, model_state = axis.psum(jax.tree.map(
+          lambda x: x * share, (state.params, state.model_state)))
+      return TrainState(params, model_state, state.opt_state)
+
+    return lax.cond((step + 1) % period == 0, average, lambda s: s, state), metrics
+
+  return Collective(
+      init=lambda key, worker: ar_sgd.init(problem, key), step=step, evaluated=evaluated,
+      bytes_per_step=ar_sgd.ring_bytes(problem.model_bytes(), num_workers) / period,
+      sync="local", period=period)
 
 
-ALGORITHM = Algorithm(
-    name="local_sgd", init=ar_sgd.init, step=step, evaluated=evaluated,
-    bytes_per_step=lambda cfg, b, m: ar_sgd.ring_bytes(b, m) / cfg.algorithm.communication_period,
-    engines=("mesh", "sim"), check=check,
-    schedule=lambda cost, iterations, cfg: sim.synchronous(
-        cost, iterations, "local", cfg.algorithm.communication_period))
+SPEC = AlgorithmSpec("local_sgd", "local steps, then model averaging every "
+                     "--communication-period steps", Collective, build, LocalSGDSettings)

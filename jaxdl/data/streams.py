@@ -131,13 +131,20 @@ class WorkerStreams:
     workers = range(self.num_workers) if workers is None else workers
     return self.stacked_batches([(w, step) for w in workers])
 
+  def weights(self) -> np.ndarray:
+    """(M, b_max) float32: each worker's example weights, 1/B for its real
+    examples (B = sum of all batch sizes) and 0 for padding to b_max."""
+    b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
+    return np.stack([np.where(np.arange(b_max) < b, 1.0 / total, 0.0)
+                     for b in self.batch_sizes]).astype(np.float32)
+
   def stacked_batches(self, pairs: Sequence[tuple[int, int]]
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The batches of (worker, step) pairs, padded to the largest batch size
     and stacked: images (N, b_max, H, W, C), labels (N, b_max) and weights
     (N, b_max), 1/B for real examples (B = sum of all batch sizes), 0 for padding.
     """
-    b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
+    b_max, all_weights = max(self.batch_sizes), self.weights()
     images, labels, weights = [], [], []
     for worker, step in pairs:
       b = self.batch_sizes[worker]
@@ -147,5 +154,5 @@ class WorkerStreams:
         y = np.pad(y, (0, b_max - b))
       images.append(x)
       labels.append(y)
-      weights.append(np.where(np.arange(b_max) < b, 1.0 / total, 0.0).astype(np.float32))
+      weights.append(all_weights[worker])
     return np.stack(images), np.stack(labels), np.stack(weights)

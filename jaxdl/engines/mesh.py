@@ -10,7 +10,6 @@ feeds the batches of the workers on its own devices.
 from __future__ import annotations
 
 import collections
-import functools
 import time
 from typing import Any, NamedTuple
 
@@ -19,23 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxdl.algorithms import Algorithm, Batch, Problem, WorkerAxis
+from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import WorkerStreams
-from jaxdl.sim.events import Event, write_trace
+from jaxdl.engines import base
+from jaxdl.trace import Event
 
 DEVICE_AXIS, LOCAL_AXIS = "workers", "local"
-
-
-def compile_init(init, *args, out_shardings=None):
-  """Compiles an initialization function once, cheaply.
-
-  Op by op, every parameter's initializer would compile on its own; under one
-  jit the random-number code still dominates compile time on CPU, and it needs
-  no backend optimization: it runs once.
-  """
-  options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
-  jitted = jax.jit(init, out_shardings=out_shardings)
-  return jitted.lower(*args).compile(compiler_options=options)
 
 
 def device_count_for(num_workers: int, available: int) -> int:
@@ -50,15 +38,17 @@ class MeshState(NamedTuple):
 
 class MeshEngine:
   """Runs a collective algorithm's step for all workers as one SPMD program."""
+  name = "mesh"
+  shapes = (Collective,)
 
   # Steps dispatched ahead of the host; bounded because many collectives in
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
   MAX_IN_FLIGHT = 4
 
-  def __init__(self, algorithm: Algorithm, problem: Problem, streams: WorkerStreams, config,
+  def __init__(self, algorithm: Collective, problem: Problem, streams: WorkerStreams, config,
                total_steps: int | None = None):
-    del total_steps  # a step is a step: nothing to plan ahead
-    self.algorithm, self.problem, self.streams, self.config = algorithm, problem, streams, config
+    del config, total_steps  # a step is a step: nothing to plan ahead
+    self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = m = streams.num_workers
     devices = jax.devices()
     d = device_count_for(m, len(devices))
@@ -76,8 +66,7 @@ class MeshEngine:
     self._events: list[Event] = []
     self._start = time.perf_counter()
     key = jax.random.key(0)
-    self._worker_shapes = jax.eval_shape(
-        lambda: algorithm.init(problem, config, key, jnp.int32(0), m))
+    self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
     self.jitted_step = jax.jit(jax.shard_map(
         self._device_step, mesh=self.mesh,
         in_specs=(MeshState(P(), P(DEVICE_AXIS)), P(DEVICE_AXIS)),
@@ -87,7 +76,7 @@ class MeshEngine:
         out_shardings=(MeshState(self.replicated, self.sharded), self.replicated),
         donate_argnums=0)
     self._evaluated = jax.jit(
-        lambda state: algorithm.evaluated(problem, config, self._stacked(state.workers, m)),
+        lambda state: algorithm.evaluated(self._stacked(state.workers, m)),
         out_shardings=self.replicated)
 
   # Layout: worker w's leaf of shape (s0, ...) is rows w*s0 ... (w+1)*s0 - 1 of
@@ -108,8 +97,8 @@ class MeshEngine:
 
   def _device_step(self, state: MeshState, batch: Batch):
     """One device's part of a step: its L workers' rows in, rows out."""
-    worker_step = functools.partial(self.algorithm.step, self.problem, self.config,
-                                    step=state.step, axis=self.axis)
+    worker_step = lambda worker, batch: self.algorithm.step(worker, batch, state.step,
+                                                            self.axis)
     local = self.axis.local_size
     batch = jax.tree.map(lambda x: x.reshape((local, -1) + x.shape[1:]), batch)
     workers = self._stacked(state.workers, local)
@@ -129,13 +118,11 @@ class MeshEngine:
     return np.array([i * per_device + l for i in mine for l in range(per_device)])
 
   def init(self, key: jax.Array) -> MeshState:
-    m, algorithm, problem, config = self.num_workers, self.algorithm, self.problem, self.config
-
     def init_all(key):
-      workers = jax.vmap(lambda w: algorithm.init(problem, config, key, w, m))(jnp.arange(m))
+      workers = base.init_workers(self.algorithm.init, key, self.num_workers)
       return MeshState(jnp.zeros((), jnp.int32), self._rows(workers))
     shardings = MeshState(self.replicated, self.sharded)
-    return compile_init(init_all, key, out_shardings=shardings)(key)
+    return base.compile_init(init_all, key, out_shardings=shardings)(key)
 
   def batch(self, step: int) -> Batch:
     """The global batch of `step` in rows, each process supplying its own workers'."""
@@ -163,14 +150,14 @@ class MeshEngine:
     return state, metrics
 
   def report(self, state) -> dict:
-    del state
+    del state  # collective algorithms keep no figures of their own
     return {}
 
   def jitted_functions(self) -> list:
     return [self.jitted_step]
 
-  def write_trace(self, path) -> None:
-    write_trace(path, self._events)
+  def trace(self) -> list[Event]:
+    return self._events
 
   def worker_states(self, state: MeshState):
     """The algorithm's per-worker states, stacked over workers (for inspection)."""
@@ -180,10 +167,8 @@ class MeshEngine:
     """(params, model_state) of the evaluated model, as host arrays."""
     return jax.device_get(self._evaluated(state))
 
-  def info(self) -> dict:
-    return {"engine": "mesh", "devices": self.mesh.devices.size,
-            "workers_per_device": self.axis.local_size,
-            "processes": jax.process_count(),
-            "batch_sizes": list(self.streams.batch_sizes),
-            "bytes_communicated_per_step": self.algorithm.bytes_per_step(
-                self.config, self.problem.model_bytes(), self.num_workers)}
+  def figures(self) -> dict:
+    return base.figures(self.name, self.algorithm, self.problem, self.streams,
+                        devices=self.mesh.devices.size,
+                        workers_per_device=self.axis.local_size,
+                        processes=jax.process_count())

@@ -45,7 +45,7 @@ def achieved_flops(profile: str, utilization: float = DEFAULT_UTILIZATION) -> fl
   if profile not in DEVICE_PROFILES:
     raise ConfigError("cluster", profile, "one of " + ", ".join(DEVICE_PROFILES))
   if not 0.0 < utilization <= 1.0:
-    raise ConfigError("utilization", utilization, "a fraction in (0, 1]")
+    raise ValueError(f"utilization {utilization!r}: a fraction in (0, 1]")
   return DEVICE_PROFILES[profile] * utilization
 
 

@@ -1,4 +1,4 @@
-"""Discrete-event schedules: when each event of `jaxdl.sim.events` happens.
+"""Discrete-event schedules: when each event of `jaxdl.trace` happens.
 
 One function per algorithm shape, `(cost, iterations, **policy) -> Schedule`:
 a list of events in the order the math must run them, with times from the
@@ -8,14 +8,12 @@ version always equals the number of "apply" events before it.
 """
 from __future__ import annotations
 
-import collections
 import heapq
 import numbers
 from typing import Callable, Iterable, Sequence
 
-from jaxdl.errors import ConfigError
-from jaxdl.sim.cost import CostModel, Network
-from jaxdl.sim.events import Event
+from jaxdl.cluster.cost import CostModel, Network
+from jaxdl.trace import Event
 
 SYNC_MODES = ("ps", "allreduce", "local")
 
@@ -54,8 +52,10 @@ class _Sim:
 
 
 def _check(field: str, value, ok: bool, allowed: str) -> None:
+  """An argument out of range: a programming error (users' settings are
+  validated at the edge, by the algorithms' settings)."""
   if not ok:
-    raise ConfigError(field, value, allowed)
+    raise ValueError(f"{field}={value!r}: {allowed}")
 
 
 def _check_iterations(iterations: int) -> None:
@@ -272,41 +272,3 @@ def _bsp(cost: CostModel, iterations: int) -> Schedule:
       for j in range(m):
         ready[(g + j) % m] = net.pull((g + j) % m, barrier)
   return Schedule(events, net.bytes_total, net.queued_s)
-
-
-def summarize(events: Sequence[Event], num_workers: int,
-              bytes_total: float | None = None) -> dict:
-  """Statistics of a schedule: time, updates, staleness, waiting and traffic.
-
-  Staleness of an "apply" = version it produced - 1 - version its worker
-  pulled for that iteration (the updates that landed in between); only
-  centralized schedules, whose pulls carry versions, have it.
-  """
-  counts = collections.Counter(e.kind for e in events)
-  pulled, staleness, wait = {}, collections.Counter(), [0.0] * num_workers
-  for e in events:
-    if e.kind == "pull" and e.version >= 0:
-      pulled[e.worker, e.iteration] = e.version
-    elif e.kind == "apply" and (e.worker, e.iteration) in pulled:
-      staleness[e.version - 1 - pulled.pop((e.worker, e.iteration))] += 1
-    elif e.kind == "wait":
-      wait[e.worker] += e.duration
-  time = events[-1].time if events else 0.0
-  batches = counts["apply"] + counts["local"] + counts["step"] * num_workers
-  n = sum(staleness.values())
-  if bytes_total is None:
-    bytes_total = getattr(events, "bytes_total", None)
-  return {
-      "simulated_time_s": time,
-      "counts": dict(sorted(counts.items())),
-      "updates": counts["apply"] + counts["step"] + counts["exchange"],
-      "batches": batches,
-      "batches_per_s": batches / time if time > 0 else 0.0,
-      "staleness_mean": sum(k * v for k, v in staleness.items()) / n if n else None,
-      "staleness_max": max(staleness) if n else None,
-      "staleness_histogram": dict(sorted(staleness.items())),
-      "wait_s": wait,
-      "wait_total_s": sum(wait),
-      "queued_s": list(getattr(events, "queued_s", ())),
-      "bytes_total": bytes_total,
-  }

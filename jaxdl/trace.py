@@ -1,4 +1,4 @@
-"""The vocabulary of a simulated (or recorded) run: timed events.
+"""The trace of a run: timed events, written by every engine as trace.jsonl.
 
 A schedule is a list of events in the order their math must happen (the order
 in which the server, or the peer, processes them); the times are virtual
@@ -34,9 +34,10 @@ carry no math and only feed the statistics.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 KINDS = ("pull", "apply", "local", "exchange", "gossip", "average", "step", "wait")
 
@@ -72,3 +73,52 @@ def read_trace(path) -> Iterator[Event]:
     for line in f:
       if line.strip():
         yield Event.from_json(line)
+
+
+def step_ends(events: Sequence[Event], num_workers: int) -> list[int]:
+  """Index of the event that completes each training step: every M-th worker
+  iteration ("apply" or "local"; a synchronous "step" event is all M at once)."""
+  ends, done = [], 0
+  for i, e in enumerate(events):
+    done += num_workers if e.kind == "step" else e.kind in ("apply", "local")
+    if done and done % num_workers == 0 and e.kind in ("apply", "local", "step"):
+      ends.append(i)
+  return ends
+
+
+def summarize(events: Sequence[Event], num_workers: int,
+              bytes_total: float | None = None) -> dict:
+  """Statistics of a schedule: time, updates, staleness, waiting and traffic.
+
+  Staleness of an "apply" = version it produced - 1 - version its worker
+  pulled for that iteration (the updates that landed in between); only
+  centralized schedules, whose pulls carry versions, have it.
+  """
+  counts = collections.Counter(e.kind for e in events)
+  pulled, staleness, wait = {}, collections.Counter(), [0.0] * num_workers
+  for e in events:
+    if e.kind == "pull" and e.version >= 0:
+      pulled[e.worker, e.iteration] = e.version
+    elif e.kind == "apply" and (e.worker, e.iteration) in pulled:
+      staleness[e.version - 1 - pulled.pop((e.worker, e.iteration))] += 1
+    elif e.kind == "wait":
+      wait[e.worker] += e.duration
+  time = events[-1].time if events else 0.0
+  batches = counts["apply"] + counts["local"] + counts["step"] * num_workers
+  n = sum(staleness.values())
+  if bytes_total is None:
+    bytes_total = getattr(events, "bytes_total", None)
+  return {
+      "simulated_time_s": time,
+      "counts": dict(sorted(counts.items())),
+      "updates": counts["apply"] + counts["step"] + counts["exchange"],
+      "batches": batches,
+      "batches_per_s": batches / time if time > 0 else 0.0,
+      "staleness_mean": sum(k * v for k, v in staleness.items()) / n if n else None,
+      "staleness_max": max(staleness) if n else None,
+      "staleness_histogram": dict(sorted(staleness.items())),
+      "wait_s": wait,
+      "wait_total_s": sum(wait),
+      "queued_s": list(getattr(events, "queued_s", ())),
+      "bytes_total": bytes_total,
+  }

@@ -1,0 +1,15 @@
+"""The modelled cluster: device profiles, links and a cost model, and the
+discrete-event schedules of each algorithm shape on it (events: jaxdl.trace)."""
+from __future__ import annotations
+
+from jaxdl.cluster.cost import (DEFAULT_UTILIZATION, DEVICE_PROFILES, CostModel, Link, Network,
+                            achieved_flops, parse_bandwidth, parse_cluster, send_over)
+from jaxdl.cluster.schedule import (SYNC_MODES, Schedule, centralized, decentralized, elastic,
+                                gossip, synchronous)
+
+__all__ = [
+    "DEFAULT_UTILIZATION", "DEVICE_PROFILES", "CostModel", "Link", "Network",
+    "achieved_flops", "parse_bandwidth", "parse_cluster", "send_over",
+    "SYNC_MODES", "Schedule", "centralized", "decentralized", "elastic", "gossip",
+    "synchronous",
+]

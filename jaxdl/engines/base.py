@@ -1,0 +1,86 @@
+"""The engine contract, and what every engine shares.
+
+An engine decides when and where an algorithm's pure functions run. The
+runner knows engines only through `Engine`; an engine class declares the
+algorithm shapes it runs (`shapes`) and is registered once in
+`jaxdl.engines`.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxdl.algorithms import Problem, Shape
+from jaxdl.algorithms.shapes import has_server
+from jaxdl.data import WorkerStreams
+from jaxdl.trace import Event
+
+Metrics = dict[str, jax.Array]
+
+
+class Engine(Protocol):
+  """What the runner calls.
+
+  Constructed as ``Engine(algorithm, problem, streams, config, total_steps)``:
+  the algorithm's built shape, the model and update rule, every worker's data
+  stream, the run's config and the number of training steps. A step is one
+  round of M worker iterations (all at once for a collective algorithm).
+  """
+  name: ClassVar[str]
+  shapes: ClassVar[tuple[type, ...]]
+  """The algorithm shapes (jaxdl.algorithms.shapes) this engine runs."""
+
+  def init(self, key: jax.Array) -> Any:
+    """The state of the whole run at step 0 (a pytree that checkpoints)."""
+
+  def step(self, state: Any, step: int) -> tuple[Any, Metrics]:
+    """Advances `state` by training step `step`; metrics are global means."""
+
+  def evaluated(self, state: Any) -> tuple[Any, Any]:
+    """(params, model_state) of the model to evaluate, as host arrays."""
+
+  def figures(self) -> dict[str, Any]:
+    """The engine's and cluster's summary figures (devices, timing, traffic)."""
+
+  def report(self, state: Any) -> dict[str, float]:
+    """The algorithm's own summary figures (e.g. LC-ASGD's predictor errors)."""
+
+  def trace(self) -> Sequence[Event]:
+    """The run's events so far, in the order their math ran."""
+
+  def jitted_functions(self) -> list:
+    """The engine's jitted functions (for compile-count checks)."""
+
+
+def compile_init(init, *args, out_shardings=None):
+  """Compiles an initialization function once, cheaply.
+
+  Op by op, every parameter's initializer would compile on its own; under one
+  jit the random-number code still dominates compile time on CPU, and it needs
+  no backend optimization: it runs once.
+  """
+  options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {}
+  jitted = jax.jit(init, out_shardings=out_shardings)
+  return jitted.lower(*args).compile(compiler_options=options)
+
+
+def init_workers(init, key: jax.Array, num_workers: int):
+  """Every worker's state from `init(key, worker)`, stacked over workers."""
+  return jax.vmap(lambda w: init(key, w))(jnp.arange(num_workers))
+
+
+def figures(name: str, algorithm: Shape, problem: Problem, streams: WorkerStreams, *,
+            devices: int, workers_per_device: int, processes: int = 1) -> dict[str, Any]:
+  """The summary figures every engine reports."""
+  return {"engine": name, "devices": devices, "workers_per_device": workers_per_device,
+          "processes": processes, "batch_sizes": list(streams.batch_sizes),
+          "bytes_communicated_per_step": algorithm.bytes_per_step}
+
+
+def algorithm_report(algorithm: Shape, server: Any) -> dict[str, float]:
+  """The algorithm's figures from its server state, as floats."""
+  if not has_server(algorithm):
+    return {}
+  return {k: float(v) for k, v in jax.device_get(algorithm.report(server)).items()}

@@ -1,0 +1,141 @@
+"""Each op kind's math, from the algorithm's own pure functions.
+
+A handler is ``(server, workers, sums, op, data) -> (server, workers, sums)``:
+`workers` stacked over workers, `sums` the (loss sum, count) of the step's
+metrics so far, `op` one row of the step's `OpArrays`, `data` the device
+batches. The shapes' functions are adapted to that one signature here; no
+algorithm's math is written in the engine.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxdl.algorithms import (Batch, Centralized, Collective, Decentralized, Elastic, Gossip,
+                              Shape, WorkerAxis)
+
+
+def _take(tree, m):
+  return jax.tree.map(lambda x: lax.dynamic_index_in_dim(x, m, keepdims=False), tree)
+
+
+def _put(tree, m, value, taken=None):
+  """Writes worker m's `value` into the stacked `tree`, except the leaves that
+  are still those `taken` out of it (e.g. a gradient the server only read):
+  rewriting a buffer with its own slice made XLA copy the whole buffer.
+
+  A dynamic-update-slice updates the donated buffer in place; `.at[m].set`
+  (a scatter) became a select over the whole stacked array on the CPU.
+  """
+  taken = jax.tree.leaves(taken) if taken is not None else None
+  leaves, treedef = jax.tree.flatten(tree)
+  values = treedef.flatten_up_to(value)
+  return treedef.unflatten([
+      x if taken is not None and v is taken[i] else lax.dynamic_update_index_in_dim(x, v, m, 0)
+      for i, (x, v) in enumerate(zip(leaves, values))])
+
+
+def _event_functions(algorithm: Shape) -> dict[str, Callable]:
+  """The shape's functions under the engine's op names, in one signature each:
+  pull/apply (server, worker, seconds), compute/local (worker, batch),
+  exchange (server, worker), pair (worker, peer)."""
+  if isinstance(algorithm, Centralized):
+    return {"pull": algorithm.pull, "compute": algorithm.compute, "apply": algorithm.apply}
+  if isinstance(algorithm, Decentralized):
+    return {"pull": lambda server, worker, seconds: algorithm.pull(worker),
+            "compute": algorithm.compute,
+            "apply": lambda server, worker, seconds: (server, algorithm.apply(worker)),
+            "pair": algorithm.average}
+  if isinstance(algorithm, Elastic):
+    return {"local": algorithm.local, "exchange": algorithm.exchange}
+  if isinstance(algorithm, Gossip):
+    def pair(sender, receiver):  # sent and merged at the arrival
+      sender, message = algorithm.send(sender)
+      return sender, algorithm.receive(receiver, message)
+    return {"local": algorithm.local, "pair": pair}
+  raise TypeError(f"not an event shape: {type(algorithm).__name__}")
+
+
+def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
+  """Each op kind's handler (see the module's docstring)."""
+  weights_MxB = jnp.asarray(weights)
+  add = lambda sums, loss, count: (sums[0] + loss, sums[1] + count)
+  out = {"noop": lambda server, workers, sums, op, data: (server, workers, sums)}
+  if isinstance(algorithm, Collective):  # all workers vmapped on this device
+    m = weights.shape[0]
+    axis = WorkerAxis(size=m, local="workers", local_size=m)
+    step = jax.vmap(lambda worker, batch, t: algorithm.step(worker, batch, t, axis),
+                    in_axes=(0, 0, None), axis_name="workers")
+
+    def step_fn(server, workers, sums, op, data):
+      batch = Batch(data[0][op.index], data[1][op.index], weights_MxB)
+      workers, metrics = step(workers, batch, op.iteration)
+      return server, workers, add(sums, jnp.sum(metrics["loss"]), 1.0)
+    out["step"] = step_fn
+    return out
+
+  fns = _event_functions(algorithm)
+
+  def batched(fn):
+    fn = jax.vmap(fn)
+
+    def run(server, workers, sums, op, data):
+      new, metrics = fn(workers, Batch(data[0][op.index], data[1][op.index], weights_MxB))
+      keep = lambda n, o: jnp.where(op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+      share = weights_MxB.sum(axis=1)  # metric shares -> each worker's own means
+      return server, jax.tree.map(keep, new, workers), add(
+          sums, jnp.sum(metrics["loss"] / share * op.mask), jnp.sum(op.mask, dtype=jnp.float32))
+    return run
+
+  def one_worker(fn):
+    def run(server, workers, sums, op, data):
+      m, index = op.worker, op.index[op.worker]
+      taken = _take(workers, m)
+      new, metrics = fn(taken, Batch(data[0][index], data[1][index], weights_MxB[m]))
+      return server, _put(workers, m, new, taken), add(sums, metrics["loss"] / weights_MxB[m].sum(), 1.0)
+    return run
+
+  for kind in ("compute", "local"):
+    if kind in fns:
+      out[kind], out[f"{kind}_one"] = batched(fns[kind]), one_worker(fns[kind])
+  if "pull" in fns:
+    pull = fns["pull"]
+
+    def pull_fn(server, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      return server, _put(workers, op.worker, pull(server, taken, op.durations[0]), taken), sums
+    out["pull"] = pull_fn
+  if "apply" in fns:
+    apply = fns["apply"]
+
+    def apply_fn(server, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      server, worker = apply(server, taken, op.durations[0])
+      return server, _put(workers, op.worker, worker, taken), sums
+    out["apply"] = apply_fn
+
+    def apply_pull(server, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      server, worker = apply(server, taken, op.durations[0])
+      return server, _put(workers, op.worker, pull(server, worker, op.durations[1]), taken), sums
+    out["apply_pull"] = apply_pull
+  if "exchange" in fns:
+    exchange = fns["exchange"]
+
+    def exchange_fn(server, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      server, worker = exchange(server, taken)
+      return server, _put(workers, op.worker, worker, taken), sums
+    out["exchange"] = exchange_fn
+  if "pair" in fns:
+    pair = fns["pair"]
+
+    def pair_fn(server, workers, sums, op, data):
+      a, b = pair(_take(workers, op.worker), _take(workers, op.peer))
+      return server, _put(_put(workers, op.worker, a), op.peer, b), sums
+    out["pair"] = pair_fn
+  return out

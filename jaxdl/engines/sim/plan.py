@@ -1,0 +1,102 @@
+"""A step's events as ops, planned on the host from the schedule alone.
+
+An op is one handler call: its kind, its worker (and peer), and the batches
+it reads. Which workers' gradients are computed together depends on the
+order of events, never on values: all workers whose gradient is pending when
+one of them must apply it are computed at once ("compute", one op batched
+over workers), or one at a time ("compute_one") when the engine runs
+gradients singly. A push followed by the same worker's next pull is one
+"apply_pull" op, as in a parameter server's round trip.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+
+class Op(NamedTuple):
+  """One handler call, as planned on the host."""
+  kind: str
+  worker: int = 0
+  peer: int = 0
+  iteration: int = 0
+  durations: tuple[float, float] = (0.0, 0.0)  # the event's (and a fused pull's)
+  mask: tuple[bool, ...] | None = None          # which workers a batched op updates
+  pairs: tuple | None = None                    # per worker: (worker, data step) or None
+
+
+def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
+         computed: np.ndarray, one_at_a_time: bool) -> list[Op]:
+  """The ops of events[start:end + 1]; updates the bookkeeping in place."""
+  num_workers = len(iteration)
+  queued: list[list[int]] = [[] for _ in range(num_workers)]
+  ops: list[Op] = []
+
+  def batched(kind, mask, steps):
+    if one_at_a_time:
+      for w in np.flatnonzero(mask):
+        pairs = tuple((w, steps[w]) if v == w else None for v in range(num_workers))
+        ops.append(Op(f"{kind}_one", worker=int(w), pairs=pairs))
+    else:
+      ops.append(Op(kind, mask=tuple(bool(x) for x in mask),
+                    pairs=tuple(enumerate(steps))))
+
+  def flush():
+    while any(queued):
+      batched("local", [bool(q) for q in queued], [q[0] if q else 0 for q in queued])
+      for q in queued:
+        if q:
+          q.pop(0)
+
+  index = start
+  while index <= end:
+    event = events[index]
+    index += 1
+    m, kind = event.worker, event.kind
+    if kind == "pull":
+      ops.append(Op("pull", m, durations=(event.duration, 0.0)))
+      iteration[m], computed[m] = event.iteration, False
+    elif kind == "apply":
+      if not computed[m]:
+        pending = (iteration >= 0) & ~computed
+        batched("compute", pending, [max(int(c), 0) for c in iteration])
+        computed |= pending
+      following = events[index] if index <= end else None
+      if following is not None and following.kind == "pull" and following.worker == m:
+        # A push and the same worker's next pull, as in a parameter server's
+        # round trip: one op.
+        ops.append(Op("apply_pull", m, durations=(event.duration, following.duration)))
+        iteration[m], computed[m] = following.iteration, False
+        index += 1
+      else:
+        ops.append(Op("apply", m, durations=(event.duration, 0.0)))
+        computed[m], iteration[m] = False, -1
+    elif kind == "local":
+      queued[m].append(event.iteration)
+    elif kind == "exchange":
+      if queued[m]:
+        flush()
+      ops.append(Op("exchange", m))
+    elif kind == "step":
+      ops.append(Op("step", iteration=event.iteration,
+                    pairs=tuple((w, event.iteration) for w in range(num_workers))))
+    elif kind in ("gossip", "average"):
+      if queued[m] or queued[event.peer]:
+        flush()
+      ops.append(Op("pair", m, peer=event.peer))
+  flush()
+  return ops
+
+
+def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
+               one_at_a_time: bool) -> tuple[int, int]:
+  """A dry run of every step's plan -> (most ops, most batch ops) in a step,
+  so that op arrays have one shape and each step compiles once."""
+  iteration, computed = np.full(num_workers, -1), np.zeros(num_workers, bool)
+  longest = batch_ops = 1
+  for start, end in zip([0] + [e + 1 for e in step_ends], step_ends):
+    ops = plan(events, start, end, iteration, computed, one_at_a_time)
+    longest = max(longest, len(ops))
+    batch_ops = max(batch_ops, sum(op.pairs is not None for op in ops))
+  return longest, batch_ops
