@@ -9,6 +9,7 @@ line must belong to the chosen algorithm.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Annotated, Any
 
 import tyro
@@ -41,7 +42,8 @@ def _settings_section(base: RunConfig) -> type:
 
 def flags_class(base: RunConfig) -> type:
   """The command line's dataclass: the sections of `base`, then the settings."""
-  sections = [(f.name, f.type, dataclasses.field(default=getattr(base, f.name)))
+  types = typing.get_type_hints(RunConfig)
+  sections = [(f.name, types[f.name], dataclasses.field(default=getattr(base, f.name)))
               for f in dataclasses.fields(RunConfig)]
   settings = _settings_section(base)
   return dataclasses.make_dataclass(
