@@ -337,7 +337,7 @@ def validate(config: RunConfig) -> RunConfig:
 def resolve(config: RunConfig):
   """The algorithm's registry entry and the name of the engine that runs it,
   checked against the rest of the config."""
-  from jaxdl.algorithms import ALGORITHMS, Centralized, Elastic
+  from jaxdl.algorithms import ALGORITHMS, async_bn
   from jaxdl.engines import engines_for
 
   cfg = config.algorithm
@@ -358,9 +358,8 @@ def resolve(config: RunConfig):
                       f"at most {spec.max_workers} for --algorithm {spec.name}")
   if spec.check is not None:
     spec.check(settings, config)
-  if cfg.async_bn and not issubclass(spec.shape, (Centralized, Elastic)):
-    raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server "
-                      f"(asp, ssp, easgd, dc_asgd, lc_asgd); {spec.name} has none")
+  if cfg.async_bn:
+    async_bn.check(spec.shape, spec.name)
   return spec, engine
 
 

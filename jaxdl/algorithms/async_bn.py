@@ -31,17 +31,22 @@ def moving_average(stats, reported, decay: float):
   return jax.tree.map(lambda e, r: (1 - decay) * e + decay * r, stats, reported)
 
 
-def wrap(algorithm: Centralized | Elastic, problem: Problem, decay: float,
-         name: str) -> Centralized | Elastic:
-  """`algorithm` (called `name`) with Async-BN; a ConfigError if it has no
-  server to keep the statistics."""
-  if isinstance(algorithm, Centralized):
-    receive = "apply"
-  elif isinstance(algorithm, Elastic):
-    receive = "exchange"
-  else:
+# The shapes whose server keeps the statistics, and the handler that receives a report.
+RECEIVER = {Centralized: "apply", Elastic: "exchange"}
+
+
+def check(shape: type, name: str) -> None:
+  """A ConfigError unless algorithms of `shape` (here `name`) have a server."""
+  if shape not in RECEIVER:
     raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server "
                       f"(asp, ssp, easgd, dc_asgd, lc_asgd); {name} has none")
+
+
+def wrap(algorithm: Centralized | Elastic, problem: Problem, decay: float,
+         name: str) -> Centralized | Elastic:
+  """`algorithm` (called `name`) with Async-BN."""
+  check(type(algorithm), name)
+  receive = RECEIVER[type(algorithm)]
   received_by = getattr(algorithm, receive)
 
   def init_server(key) -> ServerState:

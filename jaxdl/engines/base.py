@@ -7,7 +7,7 @@ algorithm shapes it runs (`shapes`) and is registered once in
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ from jaxdl.trace import Event
 Metrics = dict[str, jax.Array]
 
 
+@runtime_checkable
 class Engine(Protocol):
   """What the runner calls.
 
