@@ -103,7 +103,6 @@ class CostModel:
     checks = [
         ("workers", self.num_workers, self.num_workers >= 1, "an integer >= 1"),
         ("compute_time", self.compute_s, self.compute_s > 0, "seconds > 0"),
-        ("model_bytes", self.model_bytes, self.model_bytes >= 0, "bytes >= 0"),
         ("network", self.bandwidth, self.bandwidth > 0, _BANDWIDTH_HELP),
         ("latency", self.latency, self.latency >= 0, "seconds >= 0"),
         ("servers", self.servers, self.servers >= 1, "an integer >= 1"),
@@ -116,6 +115,8 @@ class CostModel:
         ("straggler_slowdown", self.straggler_slowdown, self.straggler_slowdown >= 1,
          "a factor >= 1"),
     ]
+    if self.model_bytes < 0:  # computed from the model, never given
+      raise ValueError(f"model_bytes {self.model_bytes!r}: bytes >= 0")
     for field, value, ok, allowed in checks:
       if not ok:
         raise ConfigError(field, value, allowed)

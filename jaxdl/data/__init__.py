@@ -30,7 +30,7 @@ DATASETS.register("mnist", sources.load_mnist.__doc__)(
     lambda opts: sources.load_mnist(opts.data_dir))
 DATASETS.register("fashion_mnist", sources.load_fashion_mnist.__doc__)(
     lambda opts: sources.load_fashion_mnist(opts.data_dir))
-DATASETS.register("synthetic", "Random images of --synthetic-shape for "
+DATASETS.register("synthetic", "Random 32x32x3 images (--image-size N: NxNx3) for "
                   "throughput work; nothing to learn.")(
     lambda opts: sources.load_synthetic(opts.synthetic_shape,
                                         opts.synthetic_classes))

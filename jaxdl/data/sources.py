@@ -266,10 +266,9 @@ def load_synthetic(image_shape: tuple[int, ...] = (32, 32, 3),
   """Random images for throughput work; nothing to learn."""
   shape = tuple(image_shape)
   if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
-    raise ConfigError("synthetic_shape", image_shape,
-                      "three positive integers H, W, C")
+    raise ConfigError("image_size", image_shape, "a positive size")
   if not isinstance(num_classes, int) or num_classes < 1:
-    raise ConfigError("synthetic_classes", num_classes, "a positive integer")
+    raise ValueError(f"num_classes {num_classes!r}: a positive integer")
   return Dataset(name="synthetic",
                  train=SyntheticSplit(train_size, shape, num_classes, 0),
                  test=SyntheticSplit(test_size, shape, num_classes, 1),
