@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
 import textwrap
 import types
 import typing
@@ -67,9 +68,12 @@ def _coerce(field: str, value: Any, kind: Any) -> Any:
   if kind is bool:
     require(field, value, isinstance(value, bool), "true or false")
   elif kind is int:
-    require(field, value, isinstance(value, int) and not isinstance(value, bool), "an integer")
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    require(field, value, ok, "an integer")
+    value = int(value)
   elif kind is float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
     require(field, value, ok, "a finite number")
     value = float(value)
   elif kind is str:

@@ -59,7 +59,8 @@ class Event:
 
   @staticmethod
   def from_json(line: str) -> Event:
-    return Event(**json.loads(line))
+    # to_json leaves out every -1, the worker of a "step" event included.
+    return Event(**{"worker": -1, **json.loads(line)})
 
 
 def write_trace(path, events: Iterable[Event]) -> None:

@@ -1,4 +1,5 @@
 """Optimizers by name, schedules and weight decay."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +27,7 @@ def test_every_optimizer_descends_a_quadratic(name):
   start = loss(params)
   for _ in range(200):
     params, state = step(params, state)
+  chex.assert_tree_all_finite(params)
   assert loss(params) < start, name  # lars and adadelta move slowly at this lr
 
 
@@ -33,7 +35,7 @@ def test_plain_sgd_is_exactly_minus_lr_times_gradient():
   tx = make_optimizer(OptimConfig(lr=0.1, momentum=0.0, schedule="constant"), 10, 10)
   g = {"w": jnp.array([1.0, -2.0])}
   updates, _ = tx.update(g, tx.init(g), g)
-  np.testing.assert_array_equal(updates["w"], -0.1 * g["w"])
+  chex.assert_trees_all_equal(updates, {"w": -0.1 * g["w"]})
 
 
 def test_weight_decay_is_added_to_the_gradient_for_sgd():
@@ -41,7 +43,7 @@ def test_weight_decay_is_added_to_the_gradient_for_sgd():
                                   schedule="constant"), 10, 10)
   w = {"w": jnp.array([3.0])}
   updates, _ = tx.update({"w": jnp.zeros(1)}, tx.init(w), w)
-  np.testing.assert_allclose(updates["w"], -0.1 * 0.01 * 3.0, rtol=1e-6)
+  chex.assert_trees_all_close(updates, {"w": np.array([-0.1 * 0.01 * 3.0])}, rtol=1e-6)
 
 
 def test_schedules():
@@ -64,7 +66,7 @@ def test_opt_args_reach_the_optimizer():
   g = {"w": jnp.array([4.0, -0.5])}
   updates, _ = tx.update(g, tx.init(g), g)
   # with b1 = b2 = 0 adam's step is -lr * g / (|g| + eps) = -sign(g)
-  np.testing.assert_allclose(updates["w"], [-1.0, 1.0], rtol=1e-6)
+  chex.assert_trees_all_close(updates, {"w": np.array([-1.0, 1.0])}, rtol=1e-6)
 
 
 def test_nesterov_only_for_sgd():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,10 +35,10 @@ def _assert_nested_dicts(tree, leaf_type):
       assert isinstance(value, leaf_type), type(value)
 
 
-def _leaves_equal(a, b) -> bool:
-  # NumPy, not jnp: an eager jnp op compiles once per leaf shape.
-  same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
-  return all(jax.tree.leaves(same))
+def _assert_differ(a, b):
+  """Some leaf of `a` differs from `b`'s (chex compares on the host: no compiles)."""
+  with pytest.raises(AssertionError):
+    chex.assert_trees_all_equal(a, b)
 
 
 def test_registry_names_and_docs():
@@ -85,18 +86,18 @@ def test_logits_shape(name, stem, image_shape):
   images = jax.ShapeDtypeStruct((BATCH, *image_shape), jnp.float32)
   for train in (True, False):
     logits, new_state = jax.eval_shape(apply, params, state, images, train)
-    assert logits.shape == (BATCH, 10)
-    assert jax.tree.structure(new_state) == jax.tree.structure(state)
+    chex.assert_shape(logits, (BATCH, 10))
+    chex.assert_trees_all_equal_structs(new_state, state)
 
 
 def test_vgg_imagenet_head_on_224_needs_no_resize():
   model = build_model("vgg11", 1000, (224, 224, 3))
   params, state = _abstract_init(model)
-  assert params["head"][0]["kernel"].shape == (7 * 7 * 512, 4096)
+  chex.assert_shape(params["head"][0]["kernel"], (7 * 7 * 512, 4096))
   images = jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.float32)
   apply = functools.partial(model.apply, train=False)
   logits, _ = jax.eval_shape(apply, params, state, images)
-  assert logits.shape == (2, 1000)
+  chex.assert_shape(logits, (2, 1000))
 
 
 def test_stem_auto_and_errors():
@@ -135,19 +136,20 @@ def test_run_train_and_eval(name, key_impl):
   params, state = init(key(0))
   _assert_nested_dicts(params, jax.Array)
   _assert_nested_dicts(state, jax.Array)
-  assert _leaves_equal((params, state), init(key(0)))
-  assert not _leaves_equal(params, init(key(1))[0])
+  chex.assert_trees_all_equal((params, state), init(key(0)))
+  _assert_differ(params, init(key(1))[0])
 
   apply = jax.jit(model.apply, static_argnums=3)
   images = _images((8, 8, 1))
   logits, eval_state = apply(params, state, images, False)
-  assert logits.shape == (BATCH, 10) and np.isfinite(logits).all()
-  assert _leaves_equal(eval_state, state)
-  assert _leaves_equal(logits, apply(params, state, images, False)[0])
+  chex.assert_shape(logits, (BATCH, 10))
+  chex.assert_tree_all_finite(logits)
+  chex.assert_trees_all_equal(eval_state, state)
+  chex.assert_trees_all_equal(logits, apply(params, state, images, False)[0])
 
   train_logits, train_state = apply(params, state, images, True)
-  assert train_logits.shape == (BATCH, 10)
-  assert jax.tree.structure(train_state) == jax.tree.structure(state)
+  chex.assert_shape(train_logits, (BATCH, 10))
+  chex.assert_trees_all_equal_structs(train_state, state)
   has_bn = bool(jax.tree.leaves(state))
   assert has_bn == (name not in ("mlp", "cnn"))
   if has_bn:
@@ -155,7 +157,7 @@ def test_run_train_and_eval(name, key_impl):
     moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), state, train_state)
     assert all(jax.tree.leaves(moved))
     # Batch statistics, not running ones, are used in training.
-    assert not _leaves_equal(train_logits, logits)
+    _assert_differ(train_logits, logits)
 
 
 @pytest.mark.slow

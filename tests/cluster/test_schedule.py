@@ -1,12 +1,12 @@
 """Discrete-event schedules: determinism, policies (SSP's bound), statistics, F3."""
 import collections
-import time
 
 import pytest
 
+from jaxdl.cluster import (CostModel, Schedule, centralized, decentralized,
+                           elastic, gossip, synchronous)
 from jaxdl.errors import ConfigError
-from jaxdl.cluster import (KINDS, CostModel, Schedule, centralized, decentralized, elastic,
-                       gossip, summarize, synchronous)
+from jaxdl.trace import KINDS, summarize
 
 SHAPES = {
     "asp": lambda c, n: centralized(c, n),
@@ -192,30 +192,34 @@ def test_ps_time_grows_with_workers_faster_than_allreduce():
 
 @pytest.mark.parametrize("call, field", [
     (lambda c: centralized(c, -1), "iterations"),
+    (lambda c: centralized(c, 2.5), "iterations"),
     (lambda c: centralized(c, 5, staleness_bound=-1), "staleness_bound"),
     (lambda c: elastic(c, 5, period=0), "communication_period"),
     (lambda c: gossip(c, 5, probability=1.5), "gossip_probability"),
     (lambda c: synchronous(c, 5, "ring"), "sync_mode"),
     (lambda c: synchronous(c, 5, "local", period=0), "communication_period"),
 ])
-def test_bad_policies_are_config_errors(call, field):
-  with pytest.raises(ConfigError) as info:
+def test_bad_policies_are_programming_errors(call, field):
+  # Users' settings are validated by the algorithms' Settings; a schedule given
+  # an out-of-range argument is a bug: a ValueError naming it, not a ConfigError.
+  with pytest.raises(ValueError, match=f"^{field}=") as info:
     call(_cost())
-  assert info.value.field == field
+  assert not isinstance(info.value, ConfigError)
 
 
-def test_summarize_empty_and_explicit_bytes():
-  stats = summarize([], 2, bytes_total=5.0)
-  assert stats["simulated_time_s"] == 0.0 and stats["bytes_total"] == 5.0
-  assert stats["wait_s"] == [0.0, 0.0] and stats["staleness_histogram"] == {}
-
-
-def test_a_large_schedule_is_fast():
-  cost = _cost(24, speeds=None)
-  start = time.perf_counter()
-  events = centralized(cost, 2000, staleness_bound=3)
-  assert time.perf_counter() - start < 10.0  # about 1 s; generous for loaded machines
-  assert summarize(events, 24)["updates"] == 48_000
+def test_a_large_schedule_keeps_its_invariants():
+  # Its speed (about 1 s) is measured by bench/schedule.py, not asserted here.
+  m, bound = 24, 3
+  events = centralized(_cost(m, speeds=None), 2000, staleness_bound=bound)
+  _check_versions(events)
+  clocks = [0] * m
+  for e in events:
+    if e.kind == "pull":
+      assert min(clocks) >= e.iteration - bound
+    elif e.kind == "apply":
+      clocks[e.worker] += 1
+  assert clocks == [2000] * m
+  assert summarize(events, m)["updates"] == 48_000
 
 
 # Finding F3 of IPDPS'21, timing only: ResNet-50 on Titan Vs, batch 32 per worker.

@@ -4,9 +4,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxdl.errors import ConfigError
 from jaxdl.cluster import (DEVICE_PROFILES, CostModel, Link, Network, achieved_flops,
-                       parse_bandwidth, parse_cluster, send_over)
+                           parse_bandwidth, parse_cluster, send_over)
+from jaxdl.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -45,8 +45,13 @@ def test_device_profiles_and_achieved_flops():
   assert DEVICE_PROFILES["titan-v"] == 14.9e12
   assert achieved_flops("titan-v") == pytest.approx(14.9e12 * 0.4)
   assert achieved_flops("titan-v", 1.0) == 14.9e12
-  with pytest.raises(ConfigError):
-    achieved_flops("titan-v", 0.0)
+  with pytest.raises(ConfigError, match="--cluster=") as info:  # a user's --cluster
+    achieved_flops("tpu")
+  assert info.value.field == "cluster"
+  for utilization in (0.0, 1.5):  # internal: a programming error, not a user's
+    with pytest.raises(ValueError, match="utilization") as info:
+      achieved_flops("titan-v", utilization)
+    assert not isinstance(info.value, ConfigError)
 
 
 def test_build_from_flops_or_seconds():
@@ -68,6 +73,13 @@ def test_build_from_flops_or_seconds():
 def test_cost_model_rejects_bad_fields(field, value):
   with pytest.raises(ConfigError):
     CostModel(**{"num_workers": 2, "compute_s": 1.0, "model_bytes": 1e6, field: value})
+
+
+def test_negative_model_bytes_is_a_programming_error():
+  # Computed from the model, never given by a user: a ValueError, not a ConfigError.
+  with pytest.raises(ValueError, match="model_bytes") as info:
+    CostModel(2, 1.0, -1.0)
+  assert not isinstance(info.value, ConfigError)
 
 
 def _noisy(**kwargs) -> CostModel:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +23,7 @@ def _normal(shape, seed=0):
 
 
 def _assert_close(a, b):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **TOL), a, b)
+  chex.assert_trees_all_close(a, b, **TOL)
 
 
 def _bn_model(features=5):
@@ -97,7 +98,7 @@ def test_layer_all_padding_and_eval():
   x = _normal((4, 5))
   # No real example: no statistics, the running ones stay, nothing is NaN.
   out, new_state = model.apply(params, state, x, True, BatchStats(mask=np.zeros(4)))
-  assert np.isfinite(out).all()
+  chex.assert_tree_all_finite(out)
   _assert_close(new_state, state)
   # Evaluation uses the running statistics whatever stats says.
   want = model.apply(params, state, x, False)
