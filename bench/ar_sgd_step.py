@@ -42,6 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from bench.single_step import hand_written_loss  # noqa: E402
 from bench.timing import interleaved, machine, report  # noqa: E402
+from jaxdl import algorithms  # noqa: E402
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem  # noqa: E402
 from jaxdl.config import RunConfig  # noqa: E402
 from jaxdl.data import WorkerStreams  # noqa: E402
@@ -102,8 +103,9 @@ class JaxdlArm:
     streams = WorkerStreams(load_synthetic(image_shape, NUM_CLASSES, train_size=batch,
                                            test_size=1).train,
                             (batch // devices,) * devices, seed=SEED)
-    self.engine = engine = MeshEngine(ALGORITHMS.get("ar_sgd"), problem, streams, config)
-    assert engine.mesh.devices.size == devices, engine.info()
+    ar_sgd = algorithms.build(ALGORITHMS.get("ar_sgd"), config.settings(), problem, devices)
+    self.engine = engine = MeshEngine(ar_sgd, problem, streams, config)
+    assert engine.mesh.devices.size == devices, engine.figures()
     self.state = engine.init(jax.random.key(SEED))
     put = lambda x: jax.device_put(x, engine.sharded)
     self.batch = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))

@@ -25,6 +25,7 @@ import tyro
 
 from bench.sim_asp import _sim_arm, parse_case
 from bench.timing import interleaved, machine, report
+from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.config import RunConfig
 from jaxdl.data import WorkerStreams
@@ -59,7 +60,7 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
   arms, rounds = {}, {}
   for arm, extra in ARMS.items():
     config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
-    sim = SimEngine(ALGORITHMS.get(config.algorithm.algorithm), problem, streams, config, total)
+    sim = SimEngine(_shape(config, problem), problem, streams, config, total)
     arms[arm] = _sim_arm(sim)
     rounds[arm] = _server_round(config, problem, args.calls)
   times = interleaved(arms, args.steps, args.rounds, warmup=1)
@@ -75,18 +76,22 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
           for arm in ARMS if arm != "asp"}
 
 
+def _shape(config, problem: Problem):
+  """The config's algorithm, built for `problem` (a Centralized shape here)."""
+  spec = ALGORITHMS.get(config.algorithm.algorithm)
+  return algorithms.build(spec, config.settings(), problem, config.algorithm.workers)
+
+
 def _server_round(config, problem: Problem, calls: int):
   """Runs `calls` jitted (apply, pull) rounds of one worker with the server."""
-  algorithm = ALGORITHMS.get(config.algorithm.algorithm)
-  key, m = jax.random.key(0), config.algorithm.workers
-  timing = (jnp.float32(0.01),) if algorithm.timed else ()
+  algorithm = _shape(config, problem)
+  key, seconds = jax.random.key(0), jnp.float32(0.01)
 
   def server_round(server, worker):
-    server, worker = algorithm.apply(problem, config, server, worker, *timing)
-    return server, algorithm.pull(problem, config, server, worker, *timing)
+    server, worker = algorithm.apply(server, worker, seconds)
+    return server, algorithm.pull(server, worker, seconds)
   jitted = jax.jit(server_round, donate_argnums=(0, 1))
-  state = [(algorithm.init_server(problem, config, key),
-            algorithm.init(problem, config, key, 1, m))]
+  state = [(algorithm.init_server(key), algorithm.init(key, jnp.int32(1)))]
 
   def run(n):
     for _ in range(n * calls):

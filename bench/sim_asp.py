@@ -18,6 +18,7 @@ import numpy as np
 import tyro
 
 from bench.timing import interleaved, machine, report
+from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem
 from jaxdl.config import RunConfig
 from jaxdl.data import WorkerStreams
@@ -58,13 +59,15 @@ def bench_case(case: str, args: Args) -> float:
   problem = Problem(build_model(name, 10, shape), make_optimizer(config.optim, 10**6, 100))
   total = (args.rounds + 2) * args.steps
   streams = WorkerStreams(split, (batch,) * workers, 0)
+  asp = algorithms.build(ALGORITHMS.get("asp"), config.settings(), problem, workers)
   arms = {}
   for batching in args.batchings:
-    sim = SimEngine(ALGORITHMS.get("asp"), problem, streams, config, total, batching=batching)
+    sim = SimEngine(asp, problem, streams, config, total, batching=batching)
     arms[f"sim asp, {workers} workers, {batching} ({sim.batching})"] = _sim_arm(sim)
 
   one = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch)
-  single = MeshEngine(ALGORITHMS.get("sgd"), problem, WorkerStreams(split, (batch,), 0), one)
+  sgd = algorithms.build(ALGORITHMS.get("sgd"), one.settings(), problem, 1)
+  single = MeshEngine(sgd, problem, WorkerStreams(split, (batch,), 0), one)
   single_state = [single.init(jax.random.key(0))]
   images, labels = split.gather(np.arange(batch))
   put = lambda x: jax.device_put(x, single.sharded)

@@ -19,6 +19,7 @@ import tyro
 from flax import nnx
 
 from bench.timing import interleaved, machine, report
+from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem
 from jaxdl.config import RunConfig
 from jaxdl.data import WorkerStreams
@@ -82,7 +83,9 @@ def bench_case(case: str, args: Args) -> float:
                     make_optimizer(config.optim, 10**6, 100))
   streams = WorkerStreams(load_synthetic(image_shape, 10, train_size=batch, test_size=1).train,
                           (batch,), seed=0)
-  engine = MeshEngine(ALGORITHMS.get("sgd"), problem, streams, config)
+  sgd = ALGORITHMS.get("sgd")
+  engine = MeshEngine(algorithms.build(sgd, config.settings(), problem, 1), problem, streams,
+                      config)
   jaxdl_state = [engine.init(jax.random.key(0))]
   put = lambda x: jax.device_put(x, engine.sharded)
   jaxdl_batch = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))

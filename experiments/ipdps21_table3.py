@@ -28,7 +28,8 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxdl.compare import DEFAULT_RUN, IPDPS21_VARIANTS, Grid, Variant, experiment_main
+from jaxdl.cli import experiment_main
+from jaxdl.compare import DEFAULT_RUN, IPDPS21_VARIANTS, Grid, Variant
 
 VARIANTS = (Variant("sgd"), *IPDPS21_VARIANTS)
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxdl.compare import DC_ASGD_A, DEFAULT_RUN, Grid, Variant, experiment_main
+from jaxdl.cli import experiment_main
+from jaxdl.compare import DC_ASGD_A, DEFAULT_RUN, Grid, Variant
 
 ABN = (("async_bn", True),)
 VARIANTS = (

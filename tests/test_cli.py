@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 import jaxdl
+from jaxdl.algorithms import ALGORITHMS, settings_owners
 from jaxdl.cli import main
 from jaxdl.config import RunConfig
+from jaxdl.engines import engines_for
 
 QUICK = ["--model", "mlp", "--epochs", "1", "--no-progress"]
 
@@ -24,11 +26,18 @@ def _jaxdl(*args, **kwargs):
 def test_help_documents_every_flag():
   result = _jaxdl("run", "--help", env=dict(os.environ, COLUMNS="200"))
   assert result.returncode == 0
-  for name in RunConfig().flat():
+  # the sections' flags, then every registered algorithm's settings
+  settings = settings_owners()
+  assert {"staleness_bound", "communication_period", "gossip_probability"} <= set(settings)
+  for name in [*RunConfig().flat(), *settings]:
     flag = "--" + name.replace("_", "-")
     assert flag in result.stdout, flag
   # every field has a docstring, so no flag is shown without one
   assert "(default: " in result.stdout
+  # a setting's help is its docstring; a shared one names each algorithm's
+  help_text = " ".join(result.stdout.split())
+  assert "SSP's bound s" in help_text
+  assert all(f"{spec.name}: " in help_text for spec in settings["communication_period"])
 
 
 def test_list_prints_every_registry(capsys):
@@ -37,6 +46,14 @@ def test_list_prints_every_registry(capsys):
   for word in ("digits", "tfds:NAME", "npz:PATH", "resnet50", "vgg16_bn", "adamw", "sgd",
                "local"):
     assert word in out, word
+  lines = out.split("algorithms (--algorithm)")[1].split("engines (--engine)")[0].splitlines()
+  for name in ALGORITHMS:  # each algorithm with its shape and engines, then its settings
+    spec = ALGORITHMS.get(name)
+    row = next(l for l in lines if l.split()[:1] == [name])
+    assert f"[{spec.shape.__name__.lower()}; engines: {', '.join(engines_for(spec.shape))}]" in row
+  ssp = lines.index(next(l for l in lines if l.split()[:1] == ["ssp"]))
+  assert lines[ssp + 1].split()[:2] == ["--staleness-bound", "3"]
+  assert "SSP's bound s" in lines[ssp + 1]
 
 
 @pytest.mark.parametrize("args,field", [
@@ -49,6 +66,8 @@ def test_list_prints_every_registry(capsys):
     (["--lr", "0"], "--lr"),
     (["--steps", "0"], "--steps"),
     (["--batch-size", "5000"], "--batch-size"),  # larger than the 1437-example shard
+    (["--algorithm", "ssp", "--staleness-bound", "-1"], "--staleness-bound"),
+    (["--algorithm", "asp", "--staleness-bound", "3"], "--staleness-bound"),  # ssp's, not asp's
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_lost(tmp_path, capsys, args, field):
   out = tmp_path / "run"
@@ -107,6 +126,26 @@ def test_config_flag_reruns_a_run(tmp_path, capsys):
   a = json.loads((tmp_path / "a" / "summary.json").read_text())
   b = json.loads((tmp_path / "b" / "summary.json").read_text())
   assert b["seed"] == 7 and a["params_fingerprint"] == b["params_fingerprint"]
+
+
+def test_config_flag_keeps_the_algorithms_settings(tmp_path, capsys):
+  args = ["--model", "mlp", "--steps", "4", "--no-progress", "--algorithm", "ssp",
+          "--workers", "2", "--staleness-bound", "1"]
+  assert main(["run", "--out", str(tmp_path / "a"), *args]) == 0
+  stored = json.loads((tmp_path / "a" / "config.json").read_text())
+  assert stored["algorithm"]["settings"] == {"staleness_bound": 1}
+  assert main(["run", "--config", str(tmp_path / "a" / "config.json"),
+               "--out", str(tmp_path / "b")]) == 0
+  assert json.loads((tmp_path / "b" / "config.json").read_text())["algorithm"] == \
+      stored["algorithm"]
+  a = json.loads((tmp_path / "a" / "summary.json").read_text())
+  b = json.loads((tmp_path / "b" / "summary.json").read_text())
+  assert a["params_fingerprint"] == b["params_fingerprint"]
+  # a flag given with --config wins over the file's value
+  assert main(["run", "--config", str(tmp_path / "a" / "config.json"),
+               "--out", str(tmp_path / "c"), "--staleness-bound", "0"]) == 0
+  assert json.loads((tmp_path / "c" / "config.json").read_text())[
+      "algorithm"]["settings"] == {"staleness_bound": 0}
 
 
 def _newest_checkpoint(directory: Path) -> int:

@@ -60,6 +60,9 @@ def test_setting_lists_expand_the_variants_they_apply_to():
     (["--workers", "0"], "--workers"),
     (["--jobs", "-1"], "--jobs"),
     (["--lr", "-1"], "--lr"),                   # a shared flag no cell can run with
+    # a setting that no algorithm of the grid has, or a bad value of one
+    (["--algorithms", "asp,sgd", "--staleness-bound", "3"], "--staleness-bound"),
+    (["--algorithms", "ssp", "--staleness-bound", "-1"], "--staleness-bound"),
     (["--experiment", "experiments/none.py"], "--experiment"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, flag):

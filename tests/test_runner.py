@@ -5,8 +5,11 @@ import numpy as np
 import pytest
 
 import jaxdl
+from jaxdl.algorithms import ALGORITHMS, Centralized
 from jaxdl.config import RunConfig
+from jaxdl.data import WorkerStreams, load_dataset
 from jaxdl.errors import ConfigError
+from jaxdl.runner import setup
 
 # A short run: 2 epochs of the MLP on digits (44 steps of 32 examples each).
 QUICK = dict(model="mlp", epochs=2, progress=False, log_every=10)
@@ -40,6 +43,24 @@ def test_run_directory_is_complete(tmp_path):
   assert len(summary["params_fingerprint"]) == 64
   assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()
                 if p.name.isdigit()) == [44, 88]
+
+
+def test_setup_builds_what_a_run_builds_and_writes_nothing(tmp_path):
+  out = tmp_path / "run"
+  config = RunConfig.make(out=str(out), algorithm="ssp", staleness_bound=2, workers=4, **QUICK)
+  built = setup(config)
+  assert not out.exists()
+  assert built.config == config and built.spec is ALGORITHMS.get("ssp")
+  assert isinstance(built.algorithm, Centralized) and built.algorithm.staleness_bound == 2
+  assert built.engine.name == "sim" and built.engine.algorithm is built.algorithm
+  assert built.streams.num_workers == 4 and built.global_batch == 4 * 32
+  assert built.total_steps == round(2 * built.streams.steps_per_epoch)
+  # streams given replace the config's: the step count follows theirs
+  streams = WorkerStreams(load_dataset("digits").train, (16, 16, 16, 16), 0)
+  built = setup(config, streams)
+  assert built.streams is streams and built.global_batch == 64
+  assert built.total_steps == round(2 * streams.steps_per_epoch)
+  assert not out.exists()
 
 
 def test_same_seed_same_fingerprint_other_seed_differs(tmp_path):

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -69,5 +70,4 @@ def test_two_processes_equal_one(tmp_path):
 
   (step_a, multi), (step_b, one) = _final_state(tmp_path / "multi"), _final_state(tmp_path / "one")
   assert step_a == step_b == 20 and len(multi) == len(one)
-  for x, y in zip(multi, one):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(multi, one, rtol=1e-5, atol=1e-6)
