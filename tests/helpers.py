@@ -1,42 +1,112 @@
 """Building blocks shared by the algorithm and engine tests."""
 from __future__ import annotations
 
+from typing import Sequence
+
+import chex
 import jax
 import numpy as np
 
 from jaxdl.config import RunConfig
 from jaxdl.data import WorkerStreams, load_dataset
-from jaxdl.runner import setup
+from jaxdl.runner import Setup, setup
 
 DIGITS = load_dataset("digits")
 
 
-class ConcatenatedStreams:
+class OneWorkerStreams:
+  """A one-worker stream whose batch at each step is rows of another
+  stream's training split; it looks like WorkerStreams (num_workers,
+  batch_sizes, steps_per_epoch, weights(), split, indices, batch,
+  stacked_batch), so any engine takes it.
+
+  `rows(step)` gives the training-set indices of the step's batch; each of
+  them weighs 1 / (the batch size): one worker's batch is the global batch.
+  """
+
+  num_workers = 1
+
+  def __init__(self, inner: WorkerStreams, batch_size: int, steps_per_epoch: int):
+    self.inner, self.split = inner, inner.split
+    self.batch_sizes, self.steps_per_epoch = (int(batch_size),), int(steps_per_epoch)
+
+  def rows(self, step: int) -> np.ndarray:
+    raise NotImplementedError
+
+  def indices(self, worker: int, step: int) -> np.ndarray:
+    if worker != 0:
+      raise IndexError(f"worker {worker} of 1")
+    return self.rows(step)
+
+  def batch(self, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    return self.split.gather(self.indices(worker, step))
+
+  def weights(self) -> np.ndarray:
+    return np.full((1, self.batch_sizes[0]), 1.0 / self.batch_sizes[0], np.float32)
+
+  def stacked_batches(self, pairs: Sequence[tuple[int, int]]):
+    images, labels = zip(*(self.batch(w, t) for w, t in pairs), strict=True)
+    return (np.stack(images), np.stack(labels),
+            np.repeat(self.weights(), len(pairs), axis=0))
+
+  def stacked_batch(self, step: int, workers: Sequence[int] | None = None):
+    return self.stacked_batches([(w, step) for w in (workers or [0])])
+
+
+class ConcatenatedStreams(OneWorkerStreams):
   """One worker whose batch at each step is all of `streams`' workers' batches."""
 
   def __init__(self, streams: WorkerStreams):
-    self.inner = streams
-    self.num_workers, self.batch_sizes = 1, (sum(streams.batch_sizes),)
+    super().__init__(streams, sum(streams.batch_sizes), streams.steps_per_epoch)
 
-  def stacked_batch(self, step, workers=None):
-    images, labels, weights = self.inner.stacked_batch(step)
-    real = weights > 0
-    return images[real][None], labels[real][None], weights[real][None]
+  def rows(self, step):
+    return np.concatenate([self.inner.indices(w, step) for w in range(self.inner.num_workers)])
+
+
+class RoundRobinStreams(OneWorkerStreams):
+  """One worker whose step t is worker (t mod M)'s iteration t // M."""
+
+  def __init__(self, streams: WorkerStreams):
+    assert len(set(streams.batch_sizes)) == 1, streams.batch_sizes
+    super().__init__(streams, streams.batch_sizes[0],
+                     streams.steps_per_epoch * streams.num_workers)
+
+  def rows(self, step):
+    m = self.inner.num_workers
+    return self.inner.indices(step % m, step // m)
+
+
+class WorkerOfStreams(OneWorkerStreams):
+  """Worker `w`'s own batches, as a one-worker stream."""
+
+  def __init__(self, streams: WorkerStreams, w: int):
+    super().__init__(streams, streams.batch_sizes[w], streams.steps_per_epoch)
+    self.w = w
+
+  def rows(self, step):
+    return self.inner.indices(self.w, step)
+
+
+def make_setup(config: RunConfig, streams=None, total_steps: int = 60) -> Setup:
+  """Everything a run of `config` builds, on its data (digits by default),
+  for `total_steps` steps unless the config sets --steps."""
+  if config.train.steps is None:
+    config = config.replace(steps=total_steps)
+  return setup(config, streams)
 
 
 def make_engine(config: RunConfig, streams=None, total_steps: int = 60):
   """The engine `config` names, on its data (digits by default), built as a
   run builds it, for `total_steps` steps unless the config sets --steps."""
-  if config.train.steps is None:
-    config = config.replace(steps=total_steps)
-  return setup(config, streams).engine
+  return make_setup(config, streams, total_steps).engine
 
 
-def train(engine, steps: int, key: int = 0):
-  """(final state, list of per-step metrics as floats)."""
-  state = engine.init(jax.random.key(key))
+def train(engine, steps: int, key: int = 0, state=None, start: int = 0):
+  """(final state, list of per-step metrics as floats): `steps` steps from
+  `state` at step `start` (the engine's initial state from `key` unless given)."""
+  state = engine.init(jax.random.key(key)) if state is None else state
   history = []
-  for t in range(steps):
+  for t in range(start, start + steps):
     state, metrics = engine.step(state, t)
     history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
   return state, history
@@ -44,3 +114,23 @@ def train(engine, steps: int, key: int = 0):
 
 def leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+OPTIMIZERS = {"momentum": dict(optimizer="sgd", lr=0.05, momentum=0.9),
+              "adam": dict(optimizer="adam", lr=1e-3)}
+
+
+def assert_m_workers_equal_one(algorithm: str, sizes, optimizer: str, model: str = "mlp",
+                               steps: int = 20, atol: float = 1e-6, **extra):
+  """M workers with batches `sizes` train as one worker on their concatenated
+  batches (a synchronous algorithm's defining property); returns the M-worker
+  engine."""
+  config = RunConfig.make(algorithm=algorithm, workers=len(sizes), batch_sizes=tuple(sizes),
+                          model=model, schedule="constant", **OPTIMIZERS[optimizer], **extra)
+  many = make_engine(config)
+  single = make_engine(config.replace(algorithm="sgd", workers=1, batch_sizes=None),
+                       streams=ConcatenatedStreams(many.streams))
+  a = many.evaluated(train(many, steps)[0])
+  b = single.evaluated(train(single, steps)[0])
+  chex.assert_trees_all_close(a, b, rtol=1e-5, atol=atol)
+  return many

@@ -1,18 +1,21 @@
-"""The common test: every registered algorithm, on every engine it declares.
+"""The common test: every registered algorithm, on every engine that runs its shape.
 
 Adding an algorithm to the registry adds it here: it must learn, keep its
 state's structure, be bitwise deterministic under a fixed key, and compile its
-step once.
+step once. (tests/algorithms/test_shapes.py checks each shape's invariants.)
 """
+import chex
 import jax
 import numpy as np
 import pytest
 
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.config import RunConfig
-from tests.helpers import leaves, make_engine, train
+from jaxdl.engines import engines_for
+from tests.helpers import make_engine, train
 
-CASES = [(name, engine) for name in ALGORITHMS for engine in ALGORITHMS.get(name).engines]
+CASES = [(name, engine) for name in ALGORITHMS
+         for engine in engines_for(ALGORITHMS.get(name).shape)]
 STEPS = 30
 
 
@@ -22,6 +25,10 @@ def _config(name: str, engine: str) -> RunConfig:
   workers = ALGORITHMS.get(name).max_workers or 4
   return RunConfig.make(algorithm=name, engine=engine, workers=workers, model="mlp",
                         batch_size=16, lr=0.1, momentum=0.0, schedule="constant")
+
+
+def test_every_algorithm_runs_on_some_engine():
+  assert {name for name, _ in CASES} == set(ALGORITHMS)
 
 
 @pytest.mark.parametrize("name,engine", CASES)
@@ -36,13 +43,11 @@ def test_common(name, engine):
   assert end < 0.5 * start, (start, end)
 
   # keeps its structure: same tree, shapes and dtypes as at initialization
-  shape = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)
-  assert shape(state) == shape(initial)
+  chex.assert_trees_all_equal_shapes_and_dtypes(state, initial)
 
   # deterministic: a second engine from the same key gives the same bits
   again, _ = train(make_engine(config), STEPS)
-  for x, y in zip(leaves(state), leaves(again)):
-    np.testing.assert_array_equal(x, y)
+  chex.assert_trees_all_equal(jax.device_get(state), jax.device_get(again))
 
   # no recompilation: each jitted function compiled at most once (some serve
   # only schedules of other shapes)
@@ -51,5 +56,5 @@ def test_common(name, engine):
 
   # the evaluated model has the model's parameter structure
   params, _ = first.evaluated(state)
-  assert jax.tree.structure(params) == jax.tree.structure(
-      first.problem.model.init(jax.random.key(0))[0])
+  chex.assert_trees_all_equal_shapes_and_dtypes(
+      params, first.problem.model.init(jax.random.key(0))[0])

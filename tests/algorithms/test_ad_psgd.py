@@ -1,0 +1,23 @@
+"""AD-PSGD on the sim engine: an averaging preserves the workers' mean."""
+import chex
+import jax
+import numpy as np
+
+from jaxdl.algorithms import ad_psgd
+from jaxdl.config import RunConfig
+from tests.helpers import leaves, make_setup, train
+
+CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=0.05, batch_size=16, workers=4,
+                        momentum=0.0, algorithm="ad_psgd")
+
+
+def test_ad_psgd_averaging_preserves_the_mean():
+  engine = make_setup(CONFIG, total_steps=6).engine
+  state, _ = train(engine, 6)
+  a, b = (jax.tree.map(lambda x: x[i], state.workers) for i in (1, 2))
+  assert not np.allclose(leaves(a.params)[0], leaves(b.params)[0])
+  a2, b2 = ad_psgd.average(a, b)
+  total = lambda x, y: jax.tree.map(lambda u, v: u + v, x, y)
+  chex.assert_trees_all_close(total(a.params, b.params), total(a2.params, b2.params),
+                              rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_equal(a2.params, b2.params)

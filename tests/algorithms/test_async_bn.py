@@ -1,0 +1,72 @@
+"""Async-BN: the server keeps the moving average of the workers' batch statistics."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxdl
+from jaxdl import algorithms
+from jaxdl.algorithms import ALGORITHMS, Problem
+from jaxdl.algorithms.asp import WorkerState
+from jaxdl.config import RunConfig
+from jaxdl.errors import ConfigError
+from jaxdl.models import build_model
+from jaxdl.models.layers import BatchNorm, BatchStats
+
+RUN = dict(model="mlp", epochs=1, workers=4, batch_size=8, progress=False,
+           schedule="constant", momentum=0.0, lr=0.1, jitter=0.3)
+
+
+def test_batch_norm_reports_the_batch_statistics_with_momentum_zero():
+  rng = np.random.default_rng(0)
+  bn = BatchNorm(3, rngs=nnx.Rngs(0))
+  x = jnp.asarray(rng.normal(size=(16, 3)), jnp.float32)
+  bn(x, True, BatchStats(momentum=0.0))
+  np.testing.assert_allclose(bn.mean[...], x.mean(0), rtol=1e-6)
+  np.testing.assert_allclose(bn.var[...], x.var(0), rtol=1e-4)
+
+
+def test_async_bn_keeps_the_moving_average_of_reports():
+  rng = np.random.default_rng(0)
+  config = RunConfig.make(algorithm="asp", workers=2, async_bn=True, bn_decay=0.25)
+  problem = Problem(build_model("cnn_bn", 10, (8, 8, 1)), optax.sgd(0.1))
+  algorithm = algorithms.build(ALGORITHMS.get("asp"), config.settings(), problem, 2,
+                               bn_decay=config.algorithm.bn_decay)
+  server = algorithm.init_server(jax.random.key(0))
+  params, model_state = problem.model.init(jax.random.key(0))
+  expected = jax.device_get(server.stats)
+  assert all(np.all((x == 0) | (x == 1)) for x in jax.tree.leaves(expected))  # E 0, Var 1
+  apply = jax.jit(lambda s, w: algorithm.apply(s, w, jnp.float32(1.0)))
+  for _ in range(3):
+    report = jax.tree.map(lambda x: jnp.asarray(rng.uniform(size=x.shape), jnp.float32),
+                          model_state)
+    grads = jax.tree.map(jnp.zeros_like, params)
+    server, _ = apply(server, WorkerState(params, report, grads))
+    expected = jax.tree.map(lambda e, r: 0.75 * e + 0.25 * r, expected, jax.device_get(report))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
+               jax.device_get(server.stats), expected)
+  assert int(server.inner.version) == 3
+  # and the server's statistics are the evaluated ones
+  workers = jax.tree.map(lambda x: x[None], WorkerState(params, model_state, grads))
+  _, evaluated = algorithm.evaluated(server, workers)
+  assert evaluated is server.stats
+
+
+def test_async_bn_runs_and_changes_what_is_evaluated(tmp_path):
+  run = dict(RUN, model="cnn_bn", epochs=3, batch_size=16, lr=0.3)
+  plain = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "p"), **run))
+  abn = jaxdl.run(RunConfig.make(algorithm="asp", async_bn=True, out=str(tmp_path / "a"),
+                                 **run))
+  # the same training, evaluated with other statistics, which work as well
+  assert abn["params_fingerprint"] == plain["params_fingerprint"]
+  assert abn["model_state_fingerprint"] != plain["model_state_fingerprint"]
+  assert abn["test_accuracy"] > 0.4 and plain["test_accuracy"] > 0.4, (abn, plain)
+  assert abs(abn["test_accuracy"] - plain["test_accuracy"]) < 0.1
+
+
+@pytest.mark.parametrize("name", ["gosgd", "ad_psgd", "ar_sgd"])
+def test_async_bn_needs_a_server(name):
+  with pytest.raises(ConfigError, match="async-bn"):
+    jaxdl.run(RunConfig.make(algorithm=name, workers=2, async_bn=True, progress=False))

@@ -1,0 +1,34 @@
+"""GoSGD on the sim engine: a gossip conserves the weights and the weighted model."""
+import chex
+import jax
+import numpy as np
+
+from jaxdl.algorithms import gosgd
+from jaxdl.config import RunConfig
+from tests.helpers import make_setup, train
+
+CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=0.05, batch_size=16, workers=4,
+                        momentum=0.0, algorithm="gosgd", gossip_probability=1.0)
+
+
+def _take(workers, i):
+  return jax.tree.map(lambda x: x[i], workers)
+
+
+def _weighted_sum(sender, receiver):
+  return jax.tree.map(lambda x, y: sender.weight * x + receiver.weight * y,
+                      sender.params, receiver.params)
+
+
+def test_gosgd_conserves_weight_and_the_weighted_model():
+  engine = make_setup(CONFIG, total_steps=6).engine
+  state, _ = train(engine, 6)
+  weights = np.asarray(state.workers.weight)
+  assert abs(weights.sum() - 1.0) < 1e-6 and len(set(weights.tolist())) > 1
+  sender, receiver = _take(state.workers, 0), _take(state.workers, 1)
+  before = _weighted_sum(sender, receiver)
+  sender2, message = gosgd.send(sender)
+  receiver2 = gosgd.receive(receiver, message)
+  chex.assert_trees_all_close(before, _weighted_sum(sender2, receiver2), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(sender2.weight + receiver2.weight,
+                             sender.weight + receiver.weight, rtol=1e-6)

@@ -1,0 +1,28 @@
+"""Local SGD: local steps, then model averaging every H steps."""
+import chex
+import numpy as np
+
+from jaxdl.config import RunConfig
+from tests.helpers import leaves, make_engine, train
+
+BASE = dict(workers=4, model="mlp", schedule="constant", lr=0.1, momentum=0.0)
+
+
+def test_local_sgd_with_period_one_and_plain_sgd_is_ar_sgd():
+  local = make_engine(RunConfig.make(algorithm="local_sgd", communication_period=1, **BASE))
+  ar = make_engine(RunConfig.make(algorithm="ar_sgd", **BASE))
+  local_params = local.worker_states(train(local, 10)[0]).params
+  ar_params = ar.worker_states(train(ar, 10)[0]).params
+  chex.assert_trees_all_close(local_params, ar_params, rtol=1e-5, atol=4e-6)
+
+
+def test_local_sgd_workers_diverge_between_averagings_and_agree_after():
+  config = RunConfig.make(algorithm="local_sgd", workers=4, model="mlp",
+                          communication_period=3, schedule="constant")
+  engine = make_engine(config)
+  state, _ = train(engine, 2)
+  w = leaves(engine.worker_states(state).params)[0]
+  assert not np.allclose(w[0], w[1])  # two local steps: the replicas differ
+  state, _ = train(engine, 3)
+  for w in leaves(engine.worker_states(state).params):
+    np.testing.assert_allclose(w[0], w[3], rtol=1e-6)  # averaged after step 3

@@ -1,0 +1,35 @@
+"""LC-ASGD's online predictors."""
+import jax
+import numpy as np
+
+from jaxdl.algorithms.predictors import LossPredictor, StepPredictor
+
+
+def test_loss_predictor_learns_an_exponential_decay():
+  predictor, c, r = LossPredictor(max_delay=8), 0.3, 0.9
+  losses = c + 2.0 * r ** np.arange(40, dtype=np.float32)
+  state = predictor.init()
+  for loss in losses[:30]:
+    state = jax.jit(predictor.update)(state, loss)
+  # the next 5 losses from loss 29, and their sum (l_delay)
+  got = [float(predictor.predict_next(state, losses[29]))]
+  np.testing.assert_allclose(got[0], losses[30], rtol=1e-3)
+  l_delay, slope = predictor.compensation(state, losses[29], 5.0)
+  np.testing.assert_allclose(l_delay, losses[30:35].sum(), rtol=1e-3)
+  np.testing.assert_allclose(slope, sum(r ** i for i in range(1, 6)), rtol=1e-3)
+  assert float(predictor.compensation(state, losses[29], 0.0)[0]) == 0.0  # no delay, no loss
+
+
+def test_step_predictor_learns_delays_linear_in_compute_time():
+  rng = np.random.default_rng(0)
+  predictor, m = StepPredictor(), 4
+  state, errors = predictor.init(m), []
+  update, predict = jax.jit(predictor.update), jax.jit(predictor.predict)
+  for i in range(300):
+    w = i % m
+    t_comm, t_comp = 0.01, float(rng.uniform(0.5, 1.5))
+    delay = 1.0 + 4.0 * t_comp  # depends linearly on t_comp
+    errors.append(abs(float(predict(state, w, t_comm, t_comp)) - delay))
+    state = update(state, w, t_comm, t_comp, delay)
+  assert np.mean(errors[-100:]) < 0.01, np.mean(errors[-100:])
+  assert np.mean(errors[:4]) > 1.0  # it did have to learn
