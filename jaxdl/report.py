@@ -22,7 +22,7 @@ from typing import Any
 import tyro
 
 from jaxdl import labels, trace
-from jaxdl.plots import PLOTS, ratio, write_all
+from jaxdl.plots import ratio, write_all
 from jaxdl.compare import CELLS_FILE, GRID_FILE
 
 BASELINE = "sgd"
