@@ -109,14 +109,18 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
       taken = _take(workers, op.worker)
       return server, _put(workers, op.worker, pull(server, taken, op.durations[0]), taken), sums
     out["pull"] = pull_fn
+
+  def received(fn):
+    """A server handler: `fn(server, worker, op) -> (server, worker)` on op's worker."""
+    def run(server, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      server, worker = fn(server, taken, op)
+      return server, _put(workers, op.worker, worker, taken), sums
+    return run
+
   if "apply" in fns:
     apply = fns["apply"]
-
-    def apply_fn(server, workers, sums, op, data):
-      taken = _take(workers, op.worker)
-      server, worker = apply(server, taken, op.durations[0])
-      return server, _put(workers, op.worker, worker, taken), sums
-    out["apply"] = apply_fn
+    out["apply"] = received(lambda server, worker, op: apply(server, worker, op.durations[0]))
 
     def apply_pull(server, workers, sums, op, data):
       taken = _take(workers, op.worker)
@@ -125,12 +129,7 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     out["apply_pull"] = apply_pull
   if "exchange" in fns:
     exchange = fns["exchange"]
-
-    def exchange_fn(server, workers, sums, op, data):
-      taken = _take(workers, op.worker)
-      server, worker = exchange(server, taken)
-      return server, _put(workers, op.worker, worker, taken), sums
-    out["exchange"] = exchange_fn
+    out["exchange"] = received(lambda server, worker, op: exchange(server, worker))
   if "pair" in fns:
     pair = fns["pair"]
 
