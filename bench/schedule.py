@@ -36,7 +36,8 @@ def main(args: Args) -> int:
   times = []
   for _ in range(args.rounds):
     start = time.perf_counter()
-    events = centralized(cost, args.iterations, staleness_bound=args.staleness_bound)
+    events = centralized(cost, args.workers * args.iterations,
+                         staleness_bound=args.staleness_bound)
     times.append(time.perf_counter() - start)
   updates = summarize(events, args.workers)["updates"]
   median = statistics.median(times)

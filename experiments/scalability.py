@@ -97,7 +97,7 @@ def throughput(algorithm: str, settings: dict, workers: int, network: str, compu
                              latency=c.latency, servers=c.servers, speeds=(1.0,) * workers,
                              jitter=c.jitter, straggler_prob=c.straggler_prob,
                              straggler_slowdown=c.straggler_slowdown, seed=0)
-  events = list(make_schedule(alg, cost, args.steps))
+  events = list(make_schedule(alg, cost, args.steps, (args.batch_size,) * workers))
   end = events[step_ends(events, workers)[args.steps - 1]].time
   return args.steps * workers * args.batch_size / end
 

@@ -83,10 +83,11 @@ def _flat(path: Path) -> dict:
   return flat | dict(d.get("algorithm", {}).get("settings") or {})
 
 
-def step_times(path: Path, num_workers: int) -> list[float]:
-  """Simulated time at the end of each step, as every engine counts steps."""
+def step_times(path: Path, batch_sizes) -> list[float]:
+  """Simulated time at the end of each step, as every engine counts steps
+  (`batch_sizes`: the workers', or their number when all are equal)."""
   events = list(trace.read_trace(path))
-  return [events[i].time for i in trace.step_ends(events, num_workers)]
+  return [events[i].time for i in trace.step_ends(events, batch_sizes)]
 
 
 def _curve(run: Path, summary: dict, workers: int) -> list[dict[str, float]]:
@@ -96,7 +97,8 @@ def _curve(run: Path, summary: dict, workers: int) -> list[dict[str, float]]:
   records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
   records = [r for r in records if "test_accuracy" in r]
   simulated = "simulated_time_s" in summary and (run / "trace.jsonl").exists()
-  ends = step_times(run / "trace.jsonl", workers) if simulated else []
+  sizes = summary.get("batch_sizes") or workers
+  ends = step_times(run / "trace.jsonl", sizes) if simulated else []
   return [{"step": r["step"], "epoch": r["epoch"], "test_accuracy": r["test_accuracy"],
            "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
           for r in records]

@@ -19,7 +19,10 @@ Event kinds, by the shape of the algorithm's communication
     "exchange"  worker and the center do the elastic update
   gossip (gosgd):
     "local"  worker takes local step `iteration`
-    "gossip" worker sends (x, a) to `peer`, which merges it on arrival
+    "send"   after that step, worker halves its weight and sends (x, a) to
+             `peer`: the message is fixed here and held in flight
+    "gossip" the message worker sent after step `iteration` arrives, and
+             `peer` merges it
   decentralized (ad_psgd):
     "pull"   worker reads its own parameters and starts iteration `iteration`
              on that snapshot
@@ -31,6 +34,14 @@ Event kinds, by the shape of the algorithm's communication
 
 "wait" events (a worker idle, e.g. blocked by SSP's bound or at a barrier)
 carry no math and only feed the statistics.
+
+A training step is one global batch of samples on every engine, B = the sum
+of the workers' batch sizes: a synchronous "step" event processes B, and an
+asynchronous run's step ends with the update ("apply" or "local") at which
+the samples all workers have processed together reach the next multiple of
+B, however many updates of which workers that took. An epoch is
+`steps_per_epoch` such steps (the training set once, see
+jaxdl.data.WorkerStreams).
 """
 from __future__ import annotations
 
@@ -39,7 +50,7 @@ import dataclasses
 import json
 from typing import Iterable, Iterator, Sequence
 
-KINDS = ("pull", "apply", "local", "exchange", "gossip", "average", "step", "wait")
+KINDS = ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step", "wait")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +87,22 @@ def read_trace(path) -> Iterator[Event]:
         yield Event.from_json(line)
 
 
-def step_ends(events: Sequence[Event], num_workers: int) -> list[int]:
-  """Index of the event that completes each training step: every M-th worker
-  iteration ("apply" or "local"; a synchronous "step" event is all M at once)."""
-  ends, done = [], 0
+def step_ends(events: Sequence[Event], batch_sizes: Sequence[int] | int) -> list[int]:
+  """Index of the event that completes each training step (see above).
+
+  `batch_sizes`: the workers' batch sizes; an int M counts every worker's
+  update as 1, so that a step is M updates.
+  """
+  equal = isinstance(batch_sizes, int)
+  total, ends, done = batch_sizes if equal else sum(batch_sizes), [], 0
   for i, e in enumerate(events):
-    done += num_workers if e.kind == "step" else e.kind in ("apply", "local")
-    if done and done % num_workers == 0 and e.kind in ("apply", "local", "step"):
+    if e.kind == "step":
+      done += total
+    elif e.kind in ("apply", "local"):
+      done += 1 if equal else batch_sizes[e.worker]
+    else:
+      continue
+    if done >= (len(ends) + 1) * total:  # one update is at most B: one step at most
       ends.append(i)
   return ends
 
@@ -97,7 +117,10 @@ def summarize(events: Sequence[Event], num_workers: int,
   """
   counts = collections.Counter(e.kind for e in events)
   pulled, staleness, wait = {}, collections.Counter(), [0.0] * num_workers
+  per_worker = [counts["step"]] * num_workers
   for e in events:
+    if e.kind in ("apply", "local"):
+      per_worker[e.worker] += 1
     if e.kind == "pull" and e.version >= 0:
       pulled[e.worker, e.iteration] = e.version
     elif e.kind == "apply" and (e.worker, e.iteration) in pulled:
@@ -114,6 +137,7 @@ def summarize(events: Sequence[Event], num_workers: int,
       "counts": dict(sorted(counts.items())),
       "updates": counts["apply"] + counts["step"] + counts["exchange"],
       "batches": batches,
+      "batches_per_worker": per_worker,
       "batches_per_s": batches / time if time > 0 else 0.0,
       "staleness_mean": sum(k * v for k, v in staleness.items()) / n if n else None,
       "staleness_max": max(staleness) if n else None,

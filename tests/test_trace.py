@@ -38,7 +38,8 @@ def test_write_and_read_a_schedule(tmp_path):
 
 
 def test_every_event_kind_is_known():
-  assert KINDS == ("pull", "apply", "local", "exchange", "gossip", "average", "step", "wait")
+  assert KINDS == ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step",
+                   "wait")
 
 
 def test_step_ends_counts_a_synchronous_step_as_m_iterations():
@@ -78,13 +79,20 @@ def test_step_ends_at_every_m_th_apply_or_local():
     lambda cost, n: elastic(cost, n, period=4),
     lambda cost, n: gossip(cost, n, probability=0.5),
 ])
-def test_a_schedule_of_n_iterations_has_n_step_ends(schedule):
+def test_a_budget_of_n_steps_has_n_step_ends(schedule):
   m, n = 4, 18
-  events = schedule(_cost(m), n)
+  events = schedule(_cost(m), n * m)  # n steps of m updates
   ends = step_ends(events, m)
-  assert len(ends) == n
+  assert len(ends) == n and ends[-1] == len(events) - 1  # the budget's last update ends it
   iterations = [i for i, e in enumerate(events) if e.kind in ("apply", "local")]
   assert ends == iterations[m - 1::m]
+
+
+def test_a_step_is_a_global_batch_of_samples():
+  # Batch sizes 1 and 3: a step is 4 samples, however many updates that takes.
+  events = [Event(float(t), "apply", w, iteration=t) for t, w in enumerate([1, 0, 0, 0, 1, 0])]
+  assert step_ends(events, (1, 3)) == [1, 4]       # 3+1 = 4; 4+1+1+3 = 9 >= 8
+  assert step_ends(events, 2) == [1, 3, 5]         # with equal sizes: every 2 updates
 
 
 def test_summarize_counts_staleness_waits_and_traffic():

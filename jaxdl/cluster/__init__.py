@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from jaxdl.cluster.cost import (DEFAULT_UTILIZATION, DEVICE_PROFILES, CostModel, Link, Network,
                             achieved_flops, parse_bandwidth, parse_cluster, send_over)
-from jaxdl.cluster.schedule import (SYNC_MODES, Schedule, centralized, decentralized, elastic,
+from jaxdl.cluster.schedule import (SYNC_MODES, Budget, Schedule, centralized, decentralized, elastic,
                                 gossip, synchronous)
 
 __all__ = [
     "DEFAULT_UTILIZATION", "DEVICE_PROFILES", "CostModel", "Link", "Network",
     "achieved_flops", "parse_bandwidth", "parse_cluster", "send_over",
-    "SYNC_MODES", "Schedule", "centralized", "decentralized", "elastic", "gossip",
+    "SYNC_MODES", "Budget", "Schedule", "centralized", "decentralized", "elastic", "gossip",
     "synchronous",
 ]

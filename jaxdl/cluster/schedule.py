@@ -1,13 +1,23 @@
 """Discrete-event schedules: when each event of `jaxdl.trace` happens.
 
-One function per algorithm shape, `(cost, iterations, **policy) -> Schedule`:
+One function per algorithm shape, `(cost, length, **policy) -> Schedule`:
 a list of events in the order the math must run them, with times from the
 cost model. Events are emitted as a heap of (time, sequence number) pops them,
 so the list is sorted by time with ties in causal order, and a "pull"'s
 version always equals the number of "apply" events before it.
+
+A synchronous schedule's length is its number of global steps. An
+asynchronous one runs until a global `Budget` is spent, as in the papers'
+systems: every worker loops (pull, compute, push; or local steps and
+messages) until the workers together have made the budget's updates or
+processed its samples, so a fast worker makes proportionally more updates
+than a slow one and nobody stops early. The schedule ends with the update that
+spends the budget; iterations still in flight then are dropped, as a real run
+that stops at its budget drops them.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import numbers
 from typing import Callable, Iterable, Sequence
@@ -28,13 +38,41 @@ class Schedule(list):
     self.queued_s = tuple(queued_s)        # per worker: seconds queued for busy links
 
 
-class _Sim:
-  """A virtual clock, a heap of pending actions and the events emitted so far."""
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """When an asynchronous schedule ends: once the workers together have
+  processed `samples` examples, worker w's iteration counting
+  `batch_sizes[w]` (with no batch sizes, 1 each: a budget of updates)."""
+  samples: int
+  batch_sizes: tuple[int, ...] | None = None
 
-  def __init__(self, cost: CostModel):
+  def __post_init__(self):
+    ok = isinstance(self.samples, numbers.Integral) and self.samples >= 0
+    _check("budget", self.samples, ok, "an integer >= 0 (samples, or updates)")
+
+  def size(self, worker: int) -> int:
+    return 1 if self.batch_sizes is None else self.batch_sizes[worker]
+
+
+class _Sim:
+  """A virtual clock, a heap of pending actions and the events emitted so far;
+  for an asynchronous schedule, the budget and what has been spent of it."""
+
+  def __init__(self, cost: CostModel, budget: Budget | int | None = None):
     self.cost, self.net = cost, Network(cost)
     self.now, self.events = 0.0, []
     self._heap, self._seq = [], 0
+    self.budget = budget if budget is None or isinstance(budget, Budget) else Budget(budget)
+    self.spent = 0
+    self.done = self.budget is not None and self.budget.samples == 0
+
+  def update(self, kind: str, worker: int, **fields) -> bool:
+    """Emits a worker's update ("apply" or "local") and charges the budget;
+    True once it is spent (the schedule then ends)."""
+    self.emit(kind, worker, **fields)
+    self.spent += self.budget.size(worker)
+    self.done = self.spent >= self.budget.samples
+    return self.done
 
   def at(self, time: float, action: int, worker: int, iteration: int = -1, peer: int = -1):
     # The sequence number breaks ties deterministically, in the order scheduled.
@@ -45,7 +83,7 @@ class _Sim:
     self.events.append(Event(self.now, kind, worker, **fields))
 
   def run(self, handlers: Sequence[Callable[[int, int, int], None]]) -> Schedule:
-    while self._heap:
+    while self._heap and not self.done:
       self.now, _, action, worker, iteration, peer = heapq.heappop(self._heap)
       handlers[action](worker, iteration, peer)
     return Schedule(self.events, self.net.bytes_total, self.net.queued_s)
@@ -69,22 +107,22 @@ def _other(u: float, worker: int, num_workers: int) -> int:
   return k if k < worker else k + 1
 
 
-def centralized(cost: CostModel, iterations: int,
+def centralized(cost: CostModel, budget: Budget | int,
                 staleness_bound: int | None = None) -> Schedule:
   """ASP (bound None) or SSP (Ho et al., NeurIPS'13) at a k-shard parameter server.
 
-  Each worker loops: pull (the server's reply crosses the shared shard links),
-  compute, push (the shard links again), apply on arrival, pull again. A
-  "pull" records its transfer seconds and an "apply" the iteration's compute
-  seconds as `duration` (LC-ASGD's t_comm and t_comp). Under
-  SSP a worker starts iteration c only once every worker has applied c - s
-  iterations; until then it waits, and a "wait" event records how long.
+  Each worker loops until the budget is spent: pull (the server's reply
+  crosses the shared shard links), compute, push (the shard links again),
+  apply on arrival, pull again. A "pull" records its transfer seconds and an
+  "apply" the iteration's compute seconds as `duration` (LC-ASGD's t_comm and
+  t_comp). Under SSP a worker starts iteration c only once every worker has
+  applied c - s iterations; until then it waits, and a "wait" event records
+  how long: the bound is the only reason a worker waits.
   """
-  _check_iterations(iterations)
   bound = staleness_bound
   ok = bound is None or (isinstance(bound, numbers.Integral) and bound >= 0)
   _check("staleness_bound", bound, ok, "an integer >= 0, or None for ASP")
-  sim, m = _Sim(cost), cost.num_workers
+  sim, m = _Sim(cost, budget), cost.num_workers
   clocks, waiting = [0] * m, {}  # iterations applied; waiting worker -> since
   computing = {}  # (worker, iteration) -> its compute seconds
   state = {"version": 0}
@@ -92,8 +130,6 @@ def centralized(cost: CostModel, iterations: int,
 
   def start(w: int) -> None:
     c = clocks[w]
-    if c >= iterations:
-      return
     if bound is not None and min(clocks) < c - bound:
       waiting[w] = sim.now
       return
@@ -107,8 +143,9 @@ def centralized(cost: CostModel, iterations: int,
 
   def apply(w: int, c: int, _) -> None:
     state["version"] += 1
-    sim.emit("apply", w, iteration=c, version=state["version"],
-             duration=computing.pop((w, c)))
+    if sim.update("apply", w, iteration=c, version=state["version"],
+                  duration=computing.pop((w, c))):
+      return
     clocks[w] += 1
     # Release the longest-waiting workers first: their pulls queue first.
     for v in sorted(waiting, key=lambda v: (waiting[v], v)):
@@ -119,30 +156,31 @@ def centralized(cost: CostModel, iterations: int,
         start(v)
     start(w)
 
-  for w in range(m):
-    start(w)
+  if not sim.done:
+    for w in range(m):
+      start(w)
   return sim.run((push, apply))
 
 
-def elastic(cost: CostModel, iterations: int, period: int) -> Schedule:
+def elastic(cost: CostModel, budget: Budget | int, period: int) -> Schedule:
   """EASGD (Zhang et al., NeurIPS'15): `period` local steps, then an exchange.
 
   The exchange sends the worker's model to the center over the shard links;
   the elastic update happens on arrival ("exchange"), and the worker resumes
-  once the center's reply is back.
+  once the center's reply is back (it is idle meanwhile, so the model that
+  arrives is the one it sent).
   """
-  _check_iterations(iterations)
   _check("communication_period", period, isinstance(period, numbers.Integral) and period >= 1,
          "an integer >= 1 (local steps between exchanges)")
-  sim = _Sim(cost)
+  sim = _Sim(cost, budget)
   COMPUTED, EXCHANGE = 0, 1
 
   def step(w: int, i: int, ready: float) -> None:
-    if i < iterations:
-      sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
+    sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
 
   def computed(w: int, i: int, _) -> None:
-    sim.emit("local", w, iteration=i)
+    if sim.update("local", w, iteration=i):
+      return
     if (i + 1) % period == 0:
       sim.at(sim.net.push(w, sim.now), EXCHANGE, w, i)
     else:
@@ -157,26 +195,28 @@ def elastic(cost: CostModel, iterations: int, period: int) -> Schedule:
   return sim.run((computed, exchange))
 
 
-def gossip(cost: CostModel, iterations: int, probability: float) -> Schedule:
+def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedule:
   """GoSGD (Blot et al. 2016): after each local step, push to a random peer w.p. p.
 
-  The sender does not wait: its next step starts at once while the message
-  crosses its own and the peer's links; the peer merges on arrival ("gossip").
+  The push ("send") fixes the message, the sender's model and half its weight
+  at that moment. The sender does not wait: its next step starts at once
+  while the message crosses its own and the peer's links; the peer merges
+  the message as sent on arrival ("gossip").
   """
-  _check_iterations(iterations)
   _check("gossip_probability", probability, 0.0 <= probability <= 1.0,
          "a probability in [0, 1]")
-  sim, m = _Sim(cost), cost.num_workers
+  sim, m = _Sim(cost, budget), cost.num_workers
   COMPUTED, DELIVER = 0, 1
 
   def step(w: int, i: int, ready: float) -> None:
-    if i < iterations:
-      sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
+    sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
 
   def computed(w: int, i: int, _) -> None:
-    sim.emit("local", w, iteration=i)
+    if sim.update("local", w, iteration=i):
+      return
     if m > 1 and cost.uniform("gossip", w, i) < probability:
       peer = _other(cost.uniform("gossip_peer", w, i), w, m)
+      sim.emit("send", w, iteration=i, peer=peer)
       sim.at(sim.net.peer(w, peer, sim.now), DELIVER, w, i, peer)
     step(w, i + 1, sim.now)
 
@@ -188,22 +228,22 @@ def gossip(cost: CostModel, iterations: int, probability: float) -> Schedule:
   return sim.run((computed, deliver))
 
 
-def decentralized(cost: CostModel, iterations: int) -> Schedule:
+def decentralized(cost: CostModel, budget: Budget | int) -> Schedule:
   """AD-PSGD (Lian et al., ICML'18): pull own snapshot, compute, average, apply.
 
   The neighbour is a uniformly random other worker; the average happens when
-  the round trip of models over both workers' links completes. Real runs split
-  workers into active and passive sets to avoid deadlock; a simulation
-  serialises every exchange, so it needs no such split.
+  the round trip of models over both workers' links completes, atomically on
+  both models as they are then (the paper's atomic averaging; the worker is
+  idle meanwhile). Real runs split workers into active and passive sets to
+  avoid deadlock; a simulation serialises every exchange, so it needs no such
+  split.
   """
-  _check_iterations(iterations)
-  sim, m = _Sim(cost), cost.num_workers
+  sim, m = _Sim(cost, budget), cost.num_workers
   COMPUTED, REPLY, AVERAGED = 0, 1, 2
 
   def start(w: int, c: int) -> None:
-    if c < iterations:
-      sim.emit("pull", w, iteration=c)
-      sim.at(sim.now + cost.compute_time(w, c), COMPUTED, w, c)
+    sim.emit("pull", w, iteration=c)
+    sim.at(sim.now + cost.compute_time(w, c), COMPUTED, w, c)
 
   def computed(w: int, c: int, _) -> None:
     if m == 1:
@@ -218,11 +258,12 @@ def decentralized(cost: CostModel, iterations: int) -> Schedule:
   def averaged(w: int, c: int, peer: int) -> None:
     if peer >= 0:
       sim.emit("average", w, iteration=c, peer=peer)
-    sim.emit("apply", w, iteration=c)
-    start(w, c + 1)
+    if not sim.update("apply", w, iteration=c):
+      start(w, c + 1)
 
-  for w in range(m):
-    start(w, 0)
+  if not sim.done:
+    for w in range(m):
+      start(w, 0)
   return sim.run((computed, reply, averaged))
 
 

@@ -17,7 +17,8 @@ not 0).
                  center + worker (a worker's state keeps its parameters as
                  `.params`, as a TrainState does).
   Gossip         a gossip leaves the evaluated (weighted) model unchanged;
-                 gossip weights, where a worker has one, sum to 1.
+                 gossip weights, where a worker has one, sum to 1; a message
+                 carries what was sent, whatever the sender does in flight.
   Decentralized  an averaging leaves the evaluated (mean) model unchanged.
 """
 import chex
@@ -199,7 +200,8 @@ def test_gossip_leaves_the_evaluated_model_unchanged(tmp_path, name):
   # The same local steps, with and without two gossips between workers 0 and
   # 1 (after their steps, before worker 2's, which ends the step).
   local = [Event(0, "local", w, 0) for w in range(3)]
-  gossips = [Event(0.5, "gossip", 0, 0, peer=1), Event(0.6, "gossip", 1, 0, peer=0)]
+  gossips = [Event(0.5, "send", 0, 0, peer=1), Event(0.55, "gossip", 0, 0, peer=1),
+             Event(0.6, "send", 1, 0, peer=0), Event(0.65, "gossip", 1, 0, peer=0)]
   plain = _replay(tmp_path, name, local, 3)
   gossiped = _replay(tmp_path, name, local[:2] + gossips + local[2:], 3)
   a, _ = train(plain.engine, 1, key=KEY)
@@ -211,6 +213,25 @@ def test_gossip_leaves_the_evaluated_model_unchanged(tmp_path, name):
     weights = np.asarray(b.workers.weight)
     np.testing.assert_allclose(weights.sum(), 1.0, rtol=1e-6)
     assert len(set(weights.tolist())) > 1
+
+
+@pytest.mark.parametrize("name", names(Gossip))
+def test_a_gossip_message_carries_what_was_sent(tmp_path, name):
+  # Worker 0 sends after its step 0; its step 1 happens before the message
+  # arrives at worker 1 (in flight) or after it: the same message either way.
+  first = [Event(0, "local", w, 0) for w in range(3)]
+  send = Event(0.5, "send", 0, 0, peer=1)
+  arrive = Event(0.7, "gossip", 0, 0, peer=1)
+  step0, rest = Event(0.6, "local", 0, 1), [Event(0.8, "local", w, 1) for w in (1, 2)]
+  in_flight = _replay(tmp_path, name, first + [send, step0, arrive] + rest, 3)
+  after = _replay(tmp_path, name, first + [send, arrive, step0] + rest, 3)
+  resent = [Event(0.65, "send", 0, 1, peer=1), Event(0.7, "gossip", 0, 1, peer=1)]
+  later = _replay(tmp_path, name, first + [step0] + resent + rest, 3)
+  a, _ = train(in_flight.engine, 2, key=KEY)
+  b, _ = train(after.engine, 2, key=KEY)
+  c, _ = train(later.engine, 2, key=KEY)
+  chex.assert_trees_all_equal(a.workers, b.workers)
+  assert _differs(a.workers, c.workers)  # a message sent after step 1 is another one
 
 
 # Decentralized ---------------------------------------------------------------

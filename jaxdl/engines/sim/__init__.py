@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdl import cluster, trace
@@ -34,7 +35,7 @@ from jaxdl.errors import ConfigError
 
 
 class SimState(NamedTuple):
-  server: Any
+  server: Any             # the server's state; gossip: the messages in flight
   workers: Any            # every worker's state, stacked over workers
   iteration: np.ndarray   # (M,) int: the iteration each worker works on (-1: none)
   computed: np.ndarray    # (M,) bool: its gradient is computed, not yet applied
@@ -66,30 +67,23 @@ def cost_model(config, problem: Problem, streams: WorkerStreams) -> cluster.Cost
       straggler_slowdown=c.straggler_slowdown, seed=config.train.seed)
 
 
-def schedule_of(algorithm: Shape, cost: cluster.CostModel, iterations: int) -> cluster.Schedule:
-  """The cluster's schedule for the algorithm's shape and declared policy."""
+def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
+                  batch_sizes) -> cluster.Schedule:
+  """The cluster's schedule of `total_steps` steps for the algorithm's shape
+  and declared policy: synchronous steps, or an asynchronous run's budget of
+  `total_steps` global batches of samples (jaxdl.trace: what a step is)."""
   if isinstance(algorithm, Collective):
-    return cluster.synchronous(cost, iterations, algorithm.sync, algorithm.period)
+    return cluster.synchronous(cost, total_steps, algorithm.sync, algorithm.period)
+  budget = cluster.Budget(total_steps * sum(batch_sizes), tuple(batch_sizes))
   if isinstance(algorithm, Centralized):
-    return cluster.centralized(cost, iterations, algorithm.staleness_bound)
+    return cluster.centralized(cost, budget, algorithm.staleness_bound)
   if isinstance(algorithm, Elastic):
-    return cluster.elastic(cost, iterations, algorithm.period)
+    return cluster.elastic(cost, budget, algorithm.period)
   if isinstance(algorithm, Gossip):
-    return cluster.gossip(cost, iterations, algorithm.probability)
+    return cluster.gossip(cost, budget, algorithm.probability)
   if isinstance(algorithm, Decentralized):
-    return cluster.decentralized(cost, iterations)
+    return cluster.decentralized(cost, budget)
   raise TypeError(f"no schedule for {type(algorithm).__name__}")
-
-
-def make_schedule(algorithm: Shape, cost: cluster.CostModel,
-                  total_steps: int) -> cluster.Schedule:
-  """A schedule long enough for `total_steps` steps of M updates each."""
-  iterations = total_steps + 2
-  while True:
-    schedule = schedule_of(algorithm, cost, iterations)
-    if len(trace.step_ends(schedule, cost.num_workers)) >= total_steps:
-      return schedule
-    iterations *= 2  # slow workers left the fast ones short of updates
 
 
 class SimEngine:
@@ -107,13 +101,20 @@ class SimEngine:
       self.bytes_total = None
     else:
       self.cost = cost_model(config, problem, streams)
-      schedule = make_schedule(algorithm, self.cost, total_steps)
+      schedule = make_schedule(algorithm, self.cost, total_steps, streams.batch_sizes)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
-    self.step_ends = trace.step_ends(self.events, self.num_workers)
+    self.step_ends = trace.step_ends(self.events, streams.batch_sizes)
     if len(self.step_ends) < total_steps:
       raise ConfigError("replay", config.output.replay,
-                      f"a trace with at least {total_steps} steps of {self.num_workers} updates")
+                        f"a trace with at least {total_steps} steps of "
+                        f"{sum(streams.batch_sizes)} samples")
     self.events = self.events[:self.step_ends[total_steps - 1] + 1]
+    # Gossip: which slot of the in-flight buffer holds each message.
+    try:
+      self.slots, self.in_flight = planning.message_slots(self.events)
+    except ValueError as e:
+      raise ConfigError("replay", config.output.replay,
+                        f"a trace whose gossip messages all have their send event ({e})")
     if config.output.dry_run:  # a schedule's timing alone: no math to prepare
       self.batching, self.runner = None, None
       return
@@ -123,7 +124,7 @@ class SimEngine:
       batching = choose_batching(problem, max(streams.batch_sizes))
     self.batching = batching
     longest, batch_ops = planning.plan_sizes(self.events, self.step_ends[:total_steps],
-                                             self.num_workers, batching == "loop")
+                                             self.num_workers, batching == "loop", self.slots)
     batches = DeviceBatches(streams, batch_ops)
     self.runner = OpRunner(handlers(algorithm, streams.weights()), batching, longest, batches)
 
@@ -131,8 +132,14 @@ class SimEngine:
     m, algorithm = self.num_workers, self.algorithm
 
     def init_all(key):
-      server = algorithm.init_server(key) if has_server(algorithm) else ()
-      return server, base.init_workers(algorithm.init, key, m)
+      workers = base.init_workers(algorithm.init, key, m)
+      if has_server(algorithm):
+        return algorithm.init_server(key), workers
+      if isinstance(algorithm, Gossip):  # the buffer of messages in flight
+        message = algorithm.send(jax.tree.map(lambda x: x[0], workers))[1]
+        return jax.tree.map(lambda x: jnp.zeros((self.in_flight, *x.shape), x.dtype),
+                            message), workers
+      return (), workers
     server, workers = base.compile_init(init_all, key)(key)
     return SimState(server, workers, np.full(m, -1, np.int32), np.zeros(m, bool),
                     np.zeros((), np.int64))
@@ -143,7 +150,7 @@ class SimEngine:
     iteration, computed = np.array(state.iteration), np.array(state.computed)
     end = self.step_ends[step]
     ops = planning.plan(self.events, int(state.position), end, iteration, computed,
-                       self.batching == "loop")
+                        self.batching == "loop", self.slots)
     server, workers, (loss_sum, count) = self.runner(state.server, state.workers, ops)
     return (SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)),
             {"loss": loss_sum / count})
@@ -153,7 +160,16 @@ class SimEngine:
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams, devices=1,
                            workers_per_device=self.num_workers),
             **{k: stats[k] for k in ("simulated_time_s", "staleness_mean", "staleness_max",
-                                     "staleness_histogram", "wait_s", "bytes_total")}}
+                                     "staleness_histogram", "wait_s", "bytes_total",
+                                     "batches_per_worker")},
+            **self._in_flight_figures()}
+
+  def _in_flight_figures(self) -> dict:
+    """Gossip: the most messages in flight at once and the memory they hold."""
+    if not isinstance(self.algorithm, Gossip):
+      return {}
+    return {"messages_in_flight_max": self.in_flight,
+            "messages_in_flight_bytes": self.in_flight * self.problem.model_bytes()}
 
   def report(self, state: SimState) -> dict:
     return base.algorithm_report(self.algorithm, state.server)

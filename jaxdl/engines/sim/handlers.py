@@ -1,7 +1,8 @@
 """Each op kind's math, from the algorithm's own pure functions.
 
 A handler is ``(server, workers, sums, op, data) -> (server, workers, sums)``:
-`workers` stacked over workers, `sums` the (loss sum, count) of the step's
+`server` the server's state (for gossip: the messages in flight, stacked over
+slots), `workers` stacked over workers, `sums` the (loss sum, count) of the step's
 metrics so far, `op` one row of the step's `OpArrays`, `data` the device
 batches. The shapes' functions are adapted to that one signature here; no
 algorithm's math is written in the engine.
@@ -42,7 +43,8 @@ def _put(tree, m, value, taken=None):
 def _event_functions(algorithm: Shape) -> dict[str, Callable]:
   """The shape's functions under the engine's op names, in one signature each:
   pull/apply (server, worker, seconds), compute/local (worker, batch),
-  exchange (server, worker), pair (worker, peer)."""
+  exchange (server, worker), pair (worker, peer), send (worker) -> (worker,
+  message), receive (worker, message)."""
   if isinstance(algorithm, Centralized):
     return {"pull": algorithm.pull, "compute": algorithm.compute, "apply": algorithm.apply}
   if isinstance(algorithm, Decentralized):
@@ -53,10 +55,7 @@ def _event_functions(algorithm: Shape) -> dict[str, Callable]:
   if isinstance(algorithm, Elastic):
     return {"local": algorithm.local, "exchange": algorithm.exchange}
   if isinstance(algorithm, Gossip):
-    def pair(sender, receiver):  # sent and merged at the arrival
-      sender, message = algorithm.send(sender)
-      return sender, algorithm.receive(receiver, message)
-    return {"local": algorithm.local, "pair": pair}
+    return {"local": algorithm.local, "send": algorithm.send, "receive": algorithm.receive}
   raise TypeError(f"not an event shape: {type(algorithm).__name__}")
 
 
@@ -130,6 +129,19 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
   if "exchange" in fns:
     exchange = fns["exchange"]
     out["exchange"] = received(lambda server, worker, op: exchange(server, worker))
+  if "send" in fns:  # the server's place holds the messages in flight
+    send, receive = fns["send"], fns["receive"]
+
+    def send_fn(messages, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      worker, message = send(taken)
+      return _put(messages, op.slot, message), _put(workers, op.worker, worker, taken), sums
+
+    def receive_fn(messages, workers, sums, op, data):
+      taken = _take(workers, op.worker)
+      worker = receive(taken, _take(messages, op.slot))
+      return messages, _put(workers, op.worker, worker, taken), sums
+    out["send"], out["receive"] = send_fn, receive_fn
   if "pair" in fns:
     pair = fns["pair"]
 

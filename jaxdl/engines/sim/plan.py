@@ -24,11 +24,34 @@ class Op(NamedTuple):
   durations: tuple[float, float] = (0.0, 0.0)  # the event's (and a fused pull's)
   mask: tuple[bool, ...] | None = None          # which workers a batched op updates
   pairs: tuple | None = None                    # per worker: (worker, data step) or None
+  slot: int = 0                                 # the in-flight message's slot
+
+
+def message_slots(events: Sequence) -> tuple[list[int], int]:
+  """The in-flight buffer's slot of each gossip message (-1 for other events),
+  the lowest free one when it is sent, and the buffer's size (the most
+  messages in flight at once, at least 1)."""
+  slots, sent, free, size = [-1] * len(events), {}, [], 0
+  for i, e in enumerate(events):
+    if e.kind == "send":
+      if not free:
+        free.append(size)
+        size += 1
+      free.sort()
+      slots[i] = sent[e.worker, e.iteration] = free.pop(0)
+    elif e.kind == "gossip":
+      if (e.worker, e.iteration) not in sent:
+        raise ValueError(f"event {i}: a gossip message of worker {e.worker}, iteration "
+                         f"{e.iteration}, that was never sent")
+      slots[i] = sent.pop((e.worker, e.iteration))
+      free.append(slots[i])
+  return slots, max(size, 1)
 
 
 def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
-         computed: np.ndarray, one_at_a_time: bool) -> list[Op]:
-  """The ops of events[start:end + 1]; updates the bookkeeping in place."""
+         computed: np.ndarray, one_at_a_time: bool, slots: Sequence[int] = ()) -> list[Op]:
+  """The ops of events[start:end + 1]; updates the bookkeeping in place.
+  `slots`: message_slots(events)[0], for gossip."""
   num_workers = len(iteration)
   queued: list[list[int]] = [[] for _ in range(num_workers)]
   ops: list[Op] = []
@@ -81,7 +104,15 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
     elif kind == "step":
       ops.append(Op("step", iteration=event.iteration,
                     pairs=tuple((w, event.iteration) for w in range(num_workers))))
-    elif kind in ("gossip", "average"):
+    elif kind == "send":  # the sender's local steps come first: they are in the message
+      if queued[m]:
+        flush()
+      ops.append(Op("send", m, peer=event.peer, slot=slots[index - 1]))
+    elif kind == "gossip":  # as the receiver is on arrival
+      if queued[event.peer]:
+        flush()
+      ops.append(Op("receive", event.peer, peer=m, slot=slots[index - 1]))
+    elif kind == "average":
       if queued[m] or queued[event.peer]:
         flush()
       ops.append(Op("pair", m, peer=event.peer))
@@ -90,13 +121,13 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
 
 
 def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
-               one_at_a_time: bool) -> tuple[int, int]:
+               one_at_a_time: bool, slots: Sequence[int] = ()) -> tuple[int, int]:
   """A dry run of every step's plan -> (most ops, most batch ops) in a step,
   so that op arrays have one shape and each step compiles once."""
   iteration, computed = np.full(num_workers, -1), np.zeros(num_workers, bool)
   longest = batch_ops = 1
   for start, end in zip([0] + [e + 1 for e in step_ends], step_ends):
-    ops = plan(events, start, end, iteration, computed, one_at_a_time)
+    ops = plan(events, start, end, iteration, computed, one_at_a_time, slots)
     longest = max(longest, len(ops))
     batch_ops = max(batch_ops, sum(op.pairs is not None for op in ops))
   return longest, batch_ops

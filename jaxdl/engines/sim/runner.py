@@ -73,6 +73,7 @@ class OpArrays(NamedTuple):
   durations: Any   # (L, 2) float32
   mask: Any        # (L, M) bool
   index: Any       # (L, M, b_max) int32: rows of the data table
+  slot: Any        # (L,) int32: an in-flight message's slot
 
 
 class OpRunner:
@@ -103,18 +104,19 @@ class OpRunner:
   def encode(self, ops: list[Op], length: int) -> OpArrays:
     m, b = self.batches.num_workers, self.batches.b_max
     kind = np.zeros(length, np.int32)
-    worker, peer, iteration = (np.zeros(length, np.int32) for _ in range(3))
+    worker, peer, iteration, slot = (np.zeros(length, np.int32) for _ in range(4))
     durations = np.zeros((length, 2), np.float32)
     mask = np.zeros((length, m), bool)
     index = np.zeros((length, m, b), np.int32)
     for i, op in enumerate(ops):
       kind[i] = self.names.index(op.kind)
-      worker[i], peer[i], iteration[i], durations[i] = op.worker, op.peer, op.iteration, op.durations
+      worker[i], peer[i], iteration[i], slot[i] = op.worker, op.peer, op.iteration, op.slot
+      durations[i] = op.durations
       if op.mask is not None:
         mask[i] = op.mask
       if op.pairs is not None:
         index[i] = self.batches.indices(op.pairs)
-    return OpArrays(kind, worker, peer, iteration, durations, mask, index)
+    return OpArrays(kind, worker, peer, iteration, durations, mask, index, slot)
 
   def __call__(self, server, workers, ops: list[Op]):
     self.batches.start()
