@@ -46,16 +46,21 @@ def parse_opt_args(optimizer: str, opt_args: str) -> dict[str, Any]:
   return kwargs
 
 
-def make_schedule(cfg, total_steps: int,
-                  steps_per_epoch: int) -> optax.ScalarOrSchedule:
+def make_schedule(cfg, total_steps: int, steps_per_epoch: int,
+                  updates_per_step: int = 1) -> optax.ScalarOrSchedule:
   """Warmup (linear from 0) followed by the chosen decay, over `total_steps`.
 
   A constant rate without warmup stays a float, so the optimizer keeps no step
-  counter for it.
+  counter for it. `updates_per_step`: how many times the optimizer updates in
+  a training step (a parameter server applies M pushes a step): its count is
+  divided by it, so that the schedule follows training steps and epochs.
   """
   warmup = min(cfg.warmup_steps, total_steps)
   if cfg.schedule == "constant" and not warmup:
     return cfg.lr
+  if updates_per_step != 1:
+    per_step = make_schedule(cfg, total_steps, steps_per_epoch)
+    return lambda count: per_step(count / updates_per_step)
   rest = max(total_steps - warmup, 1)
   if cfg.schedule == "constant":
     main = optax.constant_schedule(cfg.lr)
@@ -74,13 +79,14 @@ def make_schedule(cfg, total_steps: int,
   return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup), main], [warmup])
 
 
-def make_optimizer(cfg, total_steps: int,
-                   steps_per_epoch: int) -> optax.GradientTransformation:
-  """The optax optimizer that `cfg` names, with its schedule and weight decay."""
+def make_optimizer(cfg, total_steps: int, steps_per_epoch: int,
+                   updates_per_step: int = 1) -> optax.GradientTransformation:
+  """The optax optimizer that `cfg` names, with its schedule and weight decay
+  (`updates_per_step`: see make_schedule)."""
   fn = OPTIMIZERS.get(cfg.optimizer)
   params = inspect.signature(fn).parameters
   kwargs = parse_opt_args(cfg.optimizer, cfg.opt_args)
-  kwargs["learning_rate"] = make_schedule(cfg, total_steps, steps_per_epoch)
+  kwargs["learning_rate"] = make_schedule(cfg, total_steps, steps_per_epoch, updates_per_step)
   if cfg.optimizer == "sgd":
     kwargs.update(momentum=cfg.momentum or None, nesterov=cfg.nesterov)
   elif cfg.nesterov:

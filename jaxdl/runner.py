@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from jaxdl import algorithms, distributed, rundir, trace
-from jaxdl.algorithms import AlgorithmSpec, Problem, Shape
+from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
 from jaxdl.checkpoint import Checkpointer, abstract
 from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve, validate
 from jaxdl.data import Dataset, Split, WorkerStreams, load_dataset
@@ -54,7 +54,11 @@ def setup(config: RunConfig, streams: WorkerStreams | None = None) -> Setup:
   total = config.train.steps or max(1, round(config.train.epochs * streams.steps_per_epoch))
   model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
                       config.model.stem)
-  problem = Problem(model, make_optimizer(config.optim, total, streams.steps_per_epoch),
+  # A parameter server's optimizer updates once per push, M times a step
+  # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
+  per_step = config.algorithm.workers if spec.shape is Centralized else 1
+  optimizer = make_optimizer(config.optim, total, streams.steps_per_epoch, per_step)
+  problem = Problem(model, optimizer,
                     sync_bn=config.algorithm.sync_bn, async_bn=config.algorithm.async_bn)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)

@@ -60,6 +60,18 @@ def test_schedules():
   assert abs(linear(50) - 0.5) < 1e-6
 
 
+def test_a_server_schedule_follows_steps_not_pushes():
+  # A parameter server updates M = 4 times a step: its count 200 is step 50.
+  cfg = OptimConfig(lr=1.0, schedule="step", lr_milestones=(2.0,), lr_decay=0.1)
+  server = make_schedule(cfg, 100, 10, updates_per_step=4)
+  np.testing.assert_allclose([server(79), server(80)], [1.0, 0.1], rtol=1e-6)
+  cosine = OptimConfig(lr=1.0, schedule="cosine", warmup_steps=10)
+  per_step = make_schedule(cosine, 100, 10)
+  np.testing.assert_allclose(make_schedule(cosine, 100, 10, updates_per_step=4)(200),
+                             per_step(50), rtol=1e-6)
+  assert make_schedule(OptimConfig(lr=0.3, schedule="constant"), 100, 10, 4) == 0.3
+
+
 def test_opt_args_reach_the_optimizer():
   tx = make_optimizer(OptimConfig(optimizer="adam", opt_args='{"b1": 0.0, "b2": 0.0}',
                                   lr=1.0, schedule="constant"), 10, 10)
