@@ -122,9 +122,9 @@ class DistributedConfig:
 class TrainConfig:
   """Length of training, seed, and cadences."""
   epochs: float = 10.0
-  """Epochs of training (of each worker's shard); --steps overrides it."""
+  """Epochs of training: an epoch is the training set once, in samples processed by all workers together; --steps overrides it."""
   steps: int | None = None
-  """Training steps; overrides --epochs."""
+  """Training steps; overrides --epochs. A step is one global batch of samples (the workers' batch sizes summed): a synchronous step, or the asynchronous updates of any workers that process as many."""
   seed: int = 0
   """Run seed: data order, initialization and every random choice derive from it."""
   eval_every: int = 0

@@ -8,8 +8,9 @@ preserves the mean of the workers' models; the evaluated model is that mean
 active/passive split to avoid deadlock; a simulated schedule does not.
 
 Versions read: `compute` reads the snapshot taken by `pull`, never the model
-that averages changed since; `average` both models as they are at the
-exchange; `apply` the worker's model after its average.
+that averages changed since; `average` both models as they are when the
+exchange completes (atomic, as the paper's lock makes it; the worker is idle
+while its models travel); `apply` the worker's model after its average.
 """
 from __future__ import annotations
 

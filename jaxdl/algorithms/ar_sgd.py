@@ -5,6 +5,9 @@ workers' gradients are all-reduced (weighted by b_m / B) and every replica
 applies the same update:  w <- w - lr * u(sum_m (b_m / B) g_m).
 Mathematically one worker with the global batch; differs from BSP in where the
 state lives and in traffic (a ring moves 2(M-1)/M of the model per worker).
+
+Versions read: every worker's gradient of step t reads its replica after step
+t - 1, the same on every worker (the all-reduce is a barrier).
 """
 from __future__ import annotations
 

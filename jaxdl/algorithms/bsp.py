@@ -11,6 +11,9 @@ consecutive slices of workers s*M/k ... (s+1)*M/k - 1, i.e. 1/k of the
 parameters and optimizer state. Because the server updates flat slices, the
 optimizer must act elementwise (sgd, adam, adamw, rmsprop, ...); layer-wise
 ones (lamb, lars, adafactor, ...) need ar_sgd.
+
+Versions read: every worker's gradient of step t reads w_t, the server's
+parameters after all of step t - 1's pushes (the barrier).
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ optimizer state on its own mean gradient, x_m <- x_m - lr * u(g_m); after
 every H-th step the models (and batch-norm statistics) are averaged, weighted
 by b_m / B: x_m <- sum_k (b_k / B) x_k. Optimizer states stay local.
 With H = 1 and plain SGD this is AR-SGD.
+
+Versions read: a local step reads the worker's own model; an averaging reads
+every worker's model after the same local step (a barrier).
 """
 from __future__ import annotations
 
