@@ -27,7 +27,15 @@ class Engine(Protocol):
   Constructed as ``Engine(algorithm, problem, streams, config, total_steps)``:
   the algorithm's built shape, the model and update rule, every worker's data
   stream, the run's config and the number of training steps. A step is one
-  round of M worker iterations (all at once for a collective algorithm).
+  global batch of samples (jaxdl.trace): one round of all workers for a
+  collective algorithm; for an asynchronous one, the updates of whichever
+  workers process that many.
+
+  The rules every engine of asynchronous algorithms follows (the sim
+  engine's reference loops in tests/engines/test_reference_loops.py define
+  them): every worker keeps working until the run's global budget is spent
+  (no per-worker cap); a worker computes on what it pulled; a message is
+  decided when it is sent and delivered as sent.
   """
   name: ClassVar[str]
   shapes: ClassVar[tuple[type, ...]]
