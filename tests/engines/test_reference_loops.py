@@ -1,4 +1,4 @@
-"""The asynchronous algorithms' semantics, defined by reference loops over a trace.
+"""Every algorithm's semantics, defined by reference loops over a run's trace.
 
 For each event algorithm a small heterogeneous run on the sim engine (three
 workers with batches of 4, 4 and 12 examples, so worker 2 computes 3x slower,
@@ -22,7 +22,9 @@ handlers). What each event does is jaxdl.trace's table:
 The engine must agree with these loops to float tolerance: they are the
 definition, and the engine's batching and fusion are an implementation.
 Updates are SGD with momentum 0.9 (optax.sgd: v <- g + 0.9 v, x <- x - lr v),
-so that optimizer state is part of what must agree.
+so that optimizer state is part of what must agree. The synchronous
+algorithms (sgd, bsp, ar_sgd, local_sgd) are checked the same way, with
+unequal batches (4, 4, 4, 12) on every engine that runs them.
 """
 from __future__ import annotations
 
@@ -79,9 +81,9 @@ class Run:
       value, grads = value_and_grad(params, *streams.batch(worker, iteration))
       return np.float32(value), jax.tree.map(np.asarray, grads)
     self.gradient = gradient
-    # the run is heterogeneous: the fast workers made more updates
+    # an asynchronous run is heterogeneous: the fast workers made more updates
     counts = collections.Counter(e.worker for e in self.events if e.kind in ("apply", "local"))
-    assert counts[0] > counts[2] and counts[1] > counts[2], counts
+    assert not counts or (counts[0] > counts[2] and counts[1] > counts[2]), counts
 
   def copy(self):
     return jax.tree.map(np.copy, self.initial)
@@ -240,3 +242,56 @@ def test_ad_psgd_applies_the_gradient_of_its_snapshot_after_the_average(tmp_path
       x[w], velocity[w] = sgd(x[w], velocity[w], g)
   for w in range(3):
     close(jax.tree.map(lambda p: p[w], run.state.workers.params), x[w])
+
+
+# Synchronous: one reference per algorithm, on every engine that runs it --------
+
+SYNC = dict(workers=4, batch_sizes=(4, 4, 4, 12), jitter=0.0)
+
+
+def sync_run(tmp_path, algorithm: str, engine: str, **flags) -> Run:
+  return Run(tmp_path, algorithm, engine=engine, **{**SYNC, **flags})
+
+
+def global_gradient(run: Run, params, step: int):
+  """The global batch's mean gradient: the workers' means weighted by b_m / B."""
+  sizes = run.setup.streams.batch_sizes
+  grads = [run.gradient(params, m, step)[1] for m in range(len(sizes))]
+  return jax.tree.map(lambda *g: sum(np.float32(b / sum(sizes)) * x
+                                     for b, x in zip(sizes, g)), *grads)
+
+
+def test_sgd_is_the_sequential_loop(tmp_path):
+  run = Run(tmp_path, "sgd", workers=1, batch_sizes=None, batch_size=8, engine="mesh")
+  x, velocity = run.copy(), zeros(run.initial)
+  for e in run.events:
+    x, velocity = sgd(x, velocity, run.gradient(x, 0, e.iteration)[1])
+  close(run.setup.engine.evaluated(run.state)[0], x)
+
+
+@pytest.mark.parametrize("engine", ["mesh", "sim"])
+@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd"])
+def test_bsp_and_ar_sgd_take_the_weighted_global_gradient(tmp_path, algorithm, engine):
+  run = sync_run(tmp_path, algorithm, engine)
+  x, velocity = run.copy(), zeros(run.initial)
+  steps = [e.iteration for e in run.events if e.kind == "step"]
+  assert steps == list(range(CONFIG.train.steps))
+  for t in steps:
+    x, velocity = sgd(x, velocity, global_gradient(run, x, t))
+  close(run.setup.engine.evaluated(run.state)[0], x)
+
+
+@pytest.mark.parametrize("engine", ["mesh", "sim"])
+def test_local_sgd_averages_with_the_batch_shares(tmp_path, engine):
+  run = sync_run(tmp_path, "local_sgd", engine, communication_period=2)
+  sizes = run.setup.streams.batch_sizes
+  x = [run.copy() for _ in sizes]
+  velocity = [zeros(run.initial) for _ in sizes]
+  for t in range(CONFIG.train.steps):  # 8 steps: the last one averages
+    for m in range(len(sizes)):
+      x[m], velocity[m] = sgd(x[m], velocity[m], run.gradient(x[m], m, t)[1])
+    if (t + 1) % 2 == 0:
+      mean = jax.tree.map(lambda *p: sum(np.float32(b / sum(sizes)) * q
+                                         for b, q in zip(sizes, p)), *x)
+      x = [jax.tree.map(np.copy, mean) for _ in sizes]
+  close(run.setup.engine.evaluated(run.state)[0], x[0])
