@@ -45,10 +45,10 @@ class OptimConfig:
   """Optimizer and learning-rate schedule (every algorithm's update rule)."""
   optimizer: str = "sgd"
   """Any optax optimizer by name: see `jaxdl list`."""
-  lr: float = 0.05
-  """Peak learning rate."""
-  momentum: float = 0.9
-  """Momentum of sgd (0 for plain SGD); other optimizers take theirs through --opt-args."""
+  lr: float | None = None
+  """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M)."""
+  momentum: float | None = None
+  """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states); other optimizers take theirs through --opt-args."""
   nesterov: bool = False
   """Nesterov momentum for sgd."""
   weight_decay: float = 0.0
@@ -308,14 +308,13 @@ def validate(config: RunConfig) -> RunConfig:
   from jaxdl import data, models, optim
 
   c = config.flat()
-  for field in ("batch_size", "workers", "lr", "epochs", "log_every",
-                "keep_checkpoints"):
+  for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
     _positive(field, c[field])
-  for field in ("steps", "image_size"):
+  for field in ("steps", "image_size", "lr"):
     _positive(field, c[field], allow_none=True)
-  for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay",
-                "momentum"):
+  for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay"):
     _positive(field, c[field], zero=True)
+  _positive("momentum", c["momentum"], zero=True, allow_none=True)
   if not 0 < c["bn_decay"] <= 1:
     raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
   if not 0 < c["lr_decay"] <= 1:

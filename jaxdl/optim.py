@@ -1,6 +1,7 @@
 """Optimizers (any optax optimizer by name) and learning-rate schedules."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 from typing import Any, Callable
@@ -46,6 +47,19 @@ def parse_opt_args(optimizer: str, opt_args: str) -> dict[str, Any]:
   return kwargs
 
 
+# The optimizer's defaults where neither the user nor the algorithm sets them.
+LR, MOMENTUM = 0.05, 0.9
+
+
+def with_defaults(cfg, defaults: dict | None = None):
+  """`cfg` with its unset lr and momentum filled: from `defaults` (an
+  algorithm's rule for its worker count, AlgorithmSpec.optim_defaults), else
+  LR and MOMENTUM."""
+  defaults = {"lr": LR, "momentum": MOMENTUM, **(defaults or {})}
+  return dataclasses.replace(cfg, **{k: v for k, v in defaults.items()
+                                     if getattr(cfg, k) is None})
+
+
 def make_schedule(cfg, total_steps: int, steps_per_epoch: int,
                   updates_per_step: int = 1) -> optax.ScalarOrSchedule:
   """Warmup (linear from 0) followed by the chosen decay, over `total_steps`.
@@ -82,7 +96,8 @@ def make_schedule(cfg, total_steps: int, steps_per_epoch: int,
 def make_optimizer(cfg, total_steps: int, steps_per_epoch: int,
                    updates_per_step: int = 1) -> optax.GradientTransformation:
   """The optax optimizer that `cfg` names, with its schedule and weight decay
-  (`updates_per_step`: see make_schedule)."""
+  (`updates_per_step`: see make_schedule; unset lr and momentum: LR, MOMENTUM)."""
+  cfg = with_defaults(cfg)
   fn = OPTIMIZERS.get(cfg.optimizer)
   params = inspect.signature(fn).parameters
   kwargs = parse_opt_args(cfg.optimizer, cfg.opt_args)

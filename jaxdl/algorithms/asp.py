@@ -14,6 +14,7 @@ arrives.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -90,6 +91,33 @@ def parameter_server(problem: Problem, num_workers: int, *,
       staleness_bound=staleness_bound)
 
 
+STALENESS_RULE = ("unset lr and momentum: lr = 0.05 / sqrt(M), momentum = max(0, 0.9 - (1 - 1/M))"
+                  " for M workers")
+
+
+def staleness_defaults(num_workers: int) -> dict:
+  """A parameter server's learning rate and momentum for M asynchronous
+  workers, where the user sets neither: the defaults (jaxdl.optim.LR, 0.05,
+  and MOMENTUM, 0.9) are tuned for a step of the global batch B = M b, and a
+  push is one worker's batch b, applied on parameters M - 1 updates stale.
+
+  - lr x sqrt(b / B) = lr / sqrt(M): the square-root scaling rule for a batch
+    M times smaller (Krizhevsky, "One weird trick for parallelizing
+    convolutional neural networks", 2014);
+  - momentum - (1 - 1/M), at least 0: M asynchronous workers act as an
+    implicit momentum of about 1 - 1/M, so the explicit one is lowered to keep
+    the total near the tuned value (Mitliagkas, Zhang, Hadjis, Re, "Asynchrony
+    begets momentum, with an application to deep learning", Allerton 2016).
+
+  With the defaults' own 0.05 and 0.9 (momentum 0 from M = 10 on), ASP,
+  DC-ASGD and LC-ASGD reach >= 0.91 on digits at 4, 8 and 16 workers, where
+  lr 0.05 with momentum 0.9 diverged (bench/defaults.py, BENCHMARKS.md).
+  """
+  from jaxdl.optim import LR, MOMENTUM
+  return {"lr": LR / math.sqrt(num_workers),
+          "momentum": max(0.0, MOMENTUM - (1.0 - 1.0 / num_workers))}
+
+
 def build_asp(settings: Settings, problem: Problem, num_workers: int) -> Centralized:
   del settings
   return parameter_server(problem, num_workers)
@@ -109,7 +137,9 @@ def build_ssp(settings: SSPSettings, problem: Problem, num_workers: int) -> Cent
   return parameter_server(problem, num_workers, staleness_bound=settings.staleness_bound)
 
 
+# A parameter server's defaults, for every algorithm built on it.
+STALENESS_DEFAULTS = dict(optim_defaults=staleness_defaults, optim_rule=STALENESS_RULE)
 ASP = AlgorithmSpec("asp", "asynchronous parameter server: every push applied on arrival",
-                    Centralized, build_asp)
+                    Centralized, build_asp, **STALENESS_DEFAULTS)
 SSP = AlgorithmSpec("ssp", "stale synchronous parallel: asp with --staleness-bound",
-                    Centralized, build_ssp, SSPSettings)
+                    Centralized, build_ssp, SSPSettings, **STALENESS_DEFAULTS)

@@ -120,6 +120,9 @@ class AlgorithmSpec:
   become flat `jaxdl run` flags, `jaxdl list` rows and compare labels.
   `check(settings, config)` raises a ConfigError for settings of other
   sections that the algorithm cannot run with (e.g. bsp's server shards).
+  `optim_defaults(num_workers)` gives the optimizer's lr and momentum where
+  the user sets none (jaxdl.optim.with_defaults), with `optim_rule` saying
+  how, for `jaxdl list` and the docs.
   The engines that can run it are those that declare its shape.
   """
   name: str
@@ -129,3 +132,5 @@ class AlgorithmSpec:
   settings: type = Settings
   max_workers: int | None = None
   check: Callable[[Any, Any], None] | None = None
+  optim_defaults: Callable[[int], dict] | None = None
+  optim_rule: str = ""

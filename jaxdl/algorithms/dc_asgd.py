@@ -49,4 +49,4 @@ def build(settings: DCSettings, problem: Problem, num_workers: int) -> Centraliz
 
 
 SPEC = AlgorithmSpec("dc_asgd", "asp with delay compensation (--dc-lambda, --dc-adaptive)",
-                     Centralized, build, DCSettings)
+                     Centralized, build, DCSettings, **asp.STALENESS_DEFAULTS)

@@ -139,4 +139,5 @@ def make(pieces: Callable[[LCSettings, int], Pieces] = default_pieces
 
 
 SPEC = AlgorithmSpec("lc_asgd", "asp with loss-prediction compensation (--lc-lambda), "
-                     "step and loss predictors", Centralized, make(), LCSettings)
+                     "step and loss predictors", Centralized, make(), LCSettings,
+                     **asp.STALENESS_DEFAULTS)

@@ -11,7 +11,7 @@ from jaxdl.runner import setup
 from jaxdl.trace import Event, write_trace
 from tests.helpers import RoundRobinStreams, make_engine, train
 
-CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=0.05, batch_size=32)
+CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=0.05, momentum=0.9, batch_size=32)
 
 
 def _sim(tmp_path, name, events, workers, config=CONFIG):
