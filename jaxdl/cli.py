@@ -15,7 +15,12 @@ commands:
   compare  run a grid of algorithms x workers x networks (jaxdl compare --help)
   report   tables and plots of a comparison directory (jaxdl report --help)
   list     list datasets, models, optimizers, algorithms and engines
+
+exit codes: 0 done; 1 some compare cells failed; 2 bad input; 3 the run
+diverged (jaxdl run: its training loss became NaN or infinite, or past
+1000 x its first value; summary.json has "status": "diverged"); 130 interrupted
 """
+EXIT_DIVERGED = 3
 
 
 # Flags that take several values: "--batch-sizes 32,48,48" reads as "32 48 48".
@@ -41,9 +46,13 @@ def _split_lists(args: list[str], flags: tuple[str, ...] = LIST_FLAGS) -> list[s
 def _parse_run_config(args: list[str]):
   from jaxdl import flags
   from jaxdl.config import RunConfig
+  from jaxdl.runner import DIVERGENCE_FACTOR
 
   args = _split_lists(args)
-  description = "Train one configuration into a run directory."
+  description = ("Train one configuration into a run directory. A run whose training loss "
+                 f"becomes NaN or infinite, or grows past {DIVERGENCE_FACTOR:g} x its first "
+                 "value, stops there: summary.json says \"status\": \"diverged\" and the "
+                 f"exit code is {EXIT_DIVERGED}.")
   given, settings = flags.parse(args, RunConfig(), "jaxdl run", description)
   base = None
   if given.output.config:
@@ -57,15 +66,22 @@ def _parse_run_config(args: list[str]):
 
 
 def _run(args: list[str]) -> int:
-  from jaxdl.runner import run
+  from jaxdl.runner import default_out, run
 
-  summary = run(_parse_run_config(args))
+  config = _parse_run_config(args)
+  summary = run(config)
   keys = ("test_accuracy", "test_loss", "train_loss", "steps", "wall_time_s",
           "samples_per_s", "simulated_time_s", "samples_per_simulated_s", "staleness_mean",
           "bytes_total", "params_fingerprint")
-  for key in (k for k in keys if k in summary):
+  for key in (k for k in keys if summary.get(k) is not None):
     value = summary[key]
-    print(f"{key:>20}: {value:.4f}" if isinstance(value, float) else f"{key:>20}: {value}")
+    spec = ".4f" if not isinstance(value, float) or abs(value) < 1e6 else ".4g"
+    print(f"{key:>20}: {value:{spec}}" if isinstance(value, float) else f"{key:>20}: {value}")
+  if summary.get("status") == "diverged":
+    out = Path(config.output.out or default_out(config))
+    print(f"jaxdl run: diverged: {summary['divergence']}; stopped at step {summary['steps']} "
+          f"(no checkpoint of the diverged state; {out / 'summary.json'})", file=sys.stderr)
+    return EXIT_DIVERGED
   return 0
 
 
@@ -92,6 +108,10 @@ def _compare(args: list[str]) -> int:
   print(report.tables())
   if opts.report:
     print(f"report: {report.write()}")
+  diverged = [name for name, s in status.items() if s["status"] == "diverged"]
+  if diverged:
+    print(f"{len(diverged)} of {len(status)} cells diverged: {', '.join(diverged)}",
+          file=sys.stderr)
   failed = [name for name, s in status.items() if s["status"] == "failed"]
   if failed:
     print(f"{len(failed)} of {len(status)} cells failed (errors in "
@@ -142,6 +162,8 @@ def _list(args: list[str]) -> int:
     docs = field_docs(spec.settings)
     for field, value in spec.settings().to_dict().items():
       rows.append((f"  --{field.replace('_', '-')} {value}", docs.get(field, "")))
+    if spec.optim_rule:
+      rows.append(("  --lr, --momentum", spec.optim_rule))
   sections.append(("algorithms (--algorithm) and their settings", rows))
   sections.append(("engines (--engine)", [
       (name, f"{ENGINES.doc(name)} [shapes: "

@@ -5,7 +5,9 @@ A grid is a frozen `Grid`: its `variants` (an algorithm with settings, named
 like ``ssp_s3``, ``easgd_tau4``, ``gosgd_p0.1``), worker counts, networks and
 the run flags every cell shares. `run_grid` runs the cells that have no
 ``summary.json`` yet (so an interrupted comparison resumes), records each
-cell's outcome in ``cells.json`` and goes on past a failed cell. Besides the
+cell's outcome in ``cells.json`` (done, diverged or failed) and goes on past a
+failed cell; a diverged cell is finished (its summary says where it diverged)
+and is not run again. Besides the
 training cells, each variant gets a *timing* cell per `timing_networks`
 entry: a ``--dry-run`` of the same schedule on another network, which gives
 its simulated throughput without the math.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import dataclasses
 import importlib.util
+import json
 import multiprocessing
 import os
 import shutil
@@ -196,8 +199,9 @@ class CompareArgs:
   under --out. Any `jaxdl run` flag (e.g. --epochs 3 --lr 0.1) sets a run setting
   that every cell shares. Finished cells are skipped, so rerunning the same
   command resumes an interrupted comparison; a failed cell is reported and the
-  others go on (exit code 1 if any failed). With no flags: a miniature IPDPS'21 +
-  LC-ASGD comparison on digits (mlp, 5 epochs, sim engine, 10gbps; timing at
+  others go on (exit code 1 if any failed); a diverged cell is reported and
+  shown as "diverged" in the tables (not an error: exit code 0). With no
+  flags: a miniature IPDPS'21 + LC-ASGD comparison on digits (mlp, 5 epochs, sim engine, 10gbps; timing at
   56gbps): sgd (1 worker) and bsp, ar_sgd, asp, ssp_s3, ssp_s10, easgd_tau4,
   easgd_tau8, gosgd_p1, gosgd_p0.1, gosgd_p0.01, ad_psgd, dc_asgd (DC-ASGD-a,
   lambda0 2), lc_asgd at 4, 8 and 16 workers. `jaxdl report DIR` redoes the
@@ -302,8 +306,14 @@ def _run_cell(config_dict: dict, experiment: str | None = None) -> dict:
   except Exception as e:  # a failed cell is reported, the others go on
     return {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0],
             "traceback": traceback.format_exc(), "seconds": time.perf_counter() - t0}
-  return {"status": "done", "seconds": time.perf_counter() - t0,
-          "test_accuracy": summary.get("test_accuracy")}
+  return {**outcome(summary), "seconds": time.perf_counter() - t0}
+
+
+def outcome(summary: dict) -> dict:
+  """A finished cell's record in cells.json: done, or diverged and where."""
+  if summary.get("status") == "diverged":
+    return {"status": "diverged", "divergence": summary.get("divergence")}
+  return {"status": "done", "test_accuracy": summary.get("test_accuracy")}
 
 
 def _worker_init() -> None:
@@ -348,8 +358,9 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   status: dict[str, dict] = {}
   todo = []
   for cell in cells:
-    if (out / cell.name / "summary.json").exists():
-      status[cell.name] = {"status": "done", "skipped": True}
+    summary_path = out / cell.name / "summary.json"
+    if summary_path.exists():
+      status[cell.name] = {**outcome(json.loads(summary_path.read_text())), "skipped": True}
     elif cell.name in invalid:
       status[cell.name] = {"status": "failed", "error": invalid[cell.name]}
     else:
@@ -414,6 +425,8 @@ class _Progress:
     if result["status"] == "failed":
       self.failed += 1
       self.bar.write(f"cell {cell.name} failed: {result['error']}")
+    elif result["status"] == "diverged":
+      self.bar.write(f"cell {cell.name} diverged: {result['divergence']}")
     self.bar.update(self.weight[cell.name])
     self._show()
 

@@ -1,12 +1,23 @@
-"""The PNG plots of `jaxdl report` (matplotlib, Agg backend: no display needed)."""
+"""The PNG plots of `jaxdl report` (matplotlib, Agg backend: no display needed).
+
+A variant (its label: ``asp``, ``ssp_s3``) has one colour in every plot of
+every comparison (`color`), a worker count one line style; legends sit
+outside the axes, and a line hidden under an identical one is labelled
+"(= the other)". A diverged run is marked with an x at the bottom edge (at
+the step where it stopped, or at its worker count) and "diverged" in its
+legend entry.
+"""
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # The figures `write_all` draws, in its order.
 PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
 Report = Any  # a jaxdl.report.Report: its cells, networks and baseline
+Figure = Any  # a matplotlib Figure
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -20,62 +31,116 @@ def _pyplot():
   return plt
 
 
-def _colors(report: Report) -> dict[str, object]:
-  """One color per variant, the same in every plot."""
+def color_order() -> list[str]:
+  """The labels with a colour of their own, in palette order: the default
+  comparison's variants, then every other registered algorithm."""
+  from jaxdl.algorithms import ALGORITHMS
+  from jaxdl.compare import DEFAULT_GRID
+  return list(dict.fromkeys([v.label for v in DEFAULT_GRID.variants] + ALGORITHMS.names()))
+
+
+def color(label: str) -> tuple[float, ...]:
+  """A variant's colour, the same in every plot and comparison: tab20's dark
+  colours then its light ones, greys left out (they read as "off"), taken in
+  `color_order`; a label outside it takes one by a hash of its name (stable,
+  but may be shared)."""
   import matplotlib
   cmap = matplotlib.colormaps["tab20"]
-  variants = dict.fromkeys(c.variant for c in report.train + report.timing)
-  return {v: cmap(i % 20) for i, v in enumerate(variants)}
+  palette = [cmap(i) for start in (0, 1) for i in range(start, 20, 2) if i not in (14, 15)]
+  order = color_order()
+  index = order.index(label) if label in order else zlib.crc32(label.encode())
+  return palette[index % len(palette)]
 
 
-def curves(report: Report, x: str, path: Path) -> Path:
+def _linestyles(report: Report) -> dict[int, Any]:
+  """One line style per worker count of the report (one worker: solid)."""
+  counts = sorted({c.workers for c in report.train + report.timing} | {1})
+  return {m: LINESTYLES[i % len(LINESTYLES)] for i, m in enumerate(counts)}
+
+
+def _clock(cells) -> str:
+  """Which seconds the cells' times are."""
+  kinds = {c.simulated for c in cells}
+  return ("simulated" if kinds == {True} else "wall" if kinds == {False}
+          else "simulated (sim runs) or wall")
+
+
+def _mark_diverged(ax, x: float, c, label: str) -> None:
+  """An x at the bottom edge, at `x`, where the run `c` diverged."""
+  ax.plot([x], [0.03], marker="x", markersize=9, markeredgewidth=2, linestyle="none",
+          color=color(c.variant), transform=ax.get_xaxis_transform(), label=label)
+
+
+def _line(ax, seen: dict, xs, ys, label: str, **style) -> None:
+  """Plots a line on `ax`; one that lies exactly on a line `seen` before on
+  the same axes (e.g. ssp whose bound never bound, on asp) says so in its label."""
+  first = seen.setdefault((tuple(xs), tuple(ys)), label)
+  ax.plot(xs, ys, label=label if first == label else f"{label} (= {first})", **style)
+
+
+def _legend(fig, axes) -> None:
+  """One legend for the figure, right of the axes, each label once."""
+  entries = {}
+  for ax in axes:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      entries.setdefault(label, handle)
+  fig.legend(entries.values(), entries.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5),
+             fontsize=8, frameon=False)
+
+
+def curves(report: Report, x: str) -> Figure:
   """Test accuracy against `x` ("time" or "epoch"), one panel per worker count."""
-  BASELINE = report.baseline_variant
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
-  workers = sorted({c.workers for c in cells if c.variant != BASELINE}) or [1]
-  colors = _colors(report)
+  workers = sorted({c.workers for c in cells if c.variant != report.baseline_variant}) or [1]
+  styles = _linestyles(report)
   fig, axes = plt.subplots(1, len(workers), figsize=(4.5 * len(workers), 4), squeeze=False,
                            sharey=True)
   base = report.baseline(report.main)
   for ax, m in zip(axes[0], workers):
-    for c in [c for c in cells if c.workers == m] + ([base] if base else []):
+    seen: dict = {}
+    for c in [c for c in cells if c.workers == m and c is not base] + ([base] if base else []):
+      label = f"{c.variant} (1 worker)" if c is base else c.variant
       if c.curve:
-        ax.plot([p[x] for p in c.curve], [p["test_accuracy"] for p in c.curve],
-                marker=".", color=colors[c.variant], label=c.variant,
-                linestyle="--" if c is base else "-")
+        _line(ax, seen, [p[x] for p in c.curve], [p["test_accuracy"] for p in c.curve], label,
+              marker=".", color=color(c.variant), linestyle=styles[c.workers])
+      if c.diverged and c.last:
+        _mark_diverged(ax, c.last[x], c, f"{label} (diverged)")
     ax.set_title(f"{m} workers")
-    ax.set_xlabel("time (s, simulated or wall)" if x == "time" else "epoch")
+    ax.set_xlabel(f"time ({_clock(cells)} seconds)" if x == "time" else "epochs")
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("test accuracy")
-  axes[0][-1].legend(fontsize=7, loc="lower right")
-  return _save(fig, path)
+  _legend(fig, axes[0])
+  return fig
 
 
-def accuracy_against_workers(report: Report, path: Path) -> Path:
-  BASELINE = report.baseline_variant
+def accuracy_against_workers(report: Report) -> Figure:
+  """Final test accuracy against the worker count, one line per variant."""
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
-  variants = list(dict.fromkeys(c.variant for c in cells if c.variant != BASELINE))
-  colors = _colors(report)
+  variants = list(dict.fromkeys(c.variant for c in cells if c.variant != report.baseline_variant))
   fig, ax = plt.subplots(figsize=(6, 4))
+  seen: dict = {}
   for v in variants:
-    points = sorted((c.workers, c.summary["test_accuracy"]) for c in cells if c.variant == v)
-    ax.plot(*zip(*points), marker="o", color=colors[v], label=v)
+    points = sorted((c.workers, c.accuracy) for c in cells
+                    if c.variant == v and c.accuracy is not None)
+    if points:
+      _line(ax, seen, *zip(*points), v, marker="o", color=color(v))
+    for c in (c for c in cells if c.variant == v and c.diverged):
+      _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
   base = report.baseline(report.main)
-  if base:
-    ax.axhline(base.summary["test_accuracy"], color="k", linestyle="--",
-               label="sgd (1 worker)")
+  if base and base.accuracy is not None:
+    ax.axhline(base.accuracy, color=color(base.variant), linestyle="--",
+               label=f"{base.variant} (1 worker)")
   ax.set_xlabel("workers")
   ax.set_ylabel("test accuracy")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  return _save(fig, path)
+  _legend(fig, [ax])
+  return fig
 
 
-def speedup_against_workers(report: Report, path: Path) -> Path:
+def speedup_against_workers(report: Report) -> Figure:
   """Throughput speedup over one-worker SGD, one panel per bandwidth."""
-  BASELINE = report.baseline_variant
   plt = _pyplot()
   panels = [(n, report.train) for n in report.networks]
   panels += [(n, report.timing) for n in dict.fromkeys(c.network for c in report.timing)
@@ -83,36 +148,42 @@ def speedup_against_workers(report: Report, path: Path) -> Path:
   fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4),
                            squeeze=False, sharey=True)
   for ax, (net, pool) in zip(axes[0], panels):
-    base = next((c for c in pool if c.variant == BASELINE and c.network == net), None)
-    cells = [c for c in pool if c.network == net and c.variant != BASELINE]
-    variants = list(dict.fromkeys(c.variant for c in cells))
-    colors = _colors(report)
-    for v in variants:
+    base = next((c for c in pool if c.variant == report.baseline_variant and c.network == net),
+                None)
+    cells = [c for c in pool if c.network == net and c.variant != report.baseline_variant]
+    seen: dict = {}
+    for v in dict.fromkeys(c.variant for c in cells):
       points = sorted((c.workers, ratio(c.throughput, base and base.throughput))
-                      for c in cells if c.variant == v)
+                      for c in cells if c.variant == v and not c.diverged)
       points = [(m, s) for m, s in points if s is not None]
       if points:
-        ax.plot(*zip(*points), marker="o", color=colors[v], label=v)
+        _line(ax, seen, *zip(*points), v, marker="o", color=color(v))
+      for c in (c for c in cells if c.variant == v and c.diverged):
+        _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
     workers = sorted({c.workers for c in cells})
     if workers:
       ax.plot(workers, workers, color="k", linestyle=":", label="linear")
     ax.set_title(f"network {net}")
     ax.set_xlabel("workers")
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel("speedup over 1-worker SGD (samples/s)")
-  axes[0][-1].legend(fontsize=7)
-  return _save(fig, path)
+  clock = _clock(report.train + report.timing)
+  axes[0][0].set_ylabel(f"speedup over 1-worker SGD\n(samples per {clock} second)")
+  _legend(fig, axes[0])
+  return fig
 
 
 def _save(fig, path: Path) -> Path:
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=100, bbox_inches="tight")  # "tight": the legend outside included
   _pyplot().close(fig)
   return path
 
 
+FIGURES: dict[str, Callable[[Report], Figure]] = dict(zip(PLOTS, (
+    lambda r: curves(r, "time"), lambda r: curves(r, "epoch"), accuracy_against_workers,
+    speedup_against_workers)))
+
+
 def write_all(report: Report, directory: Path) -> list[Path]:
-  time_png, epochs_png, acc_png, speed_png = (directory / name for name in PLOTS)
-  return [curves(report, "time", time_png), curves(report, "epoch", epochs_png),
-          accuracy_against_workers(report, acc_png),
-          speedup_against_workers(report, speed_png)]
+  """Draws every figure of PLOTS into `directory`; returns their paths."""
+  return [_save(draw(report), directory / name) for name, draw in FIGURES.items()]

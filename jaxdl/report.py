@@ -10,6 +10,11 @@ Definitions (the baseline is the one-worker ``sgd`` cell on the same network):
   speedup      = samples per second / the baseline's samples per second
   time to acc. = first evaluation at or above the target accuracy
   TTA speedup  = the baseline's time to accuracy / the cell's
+  staleness    = server versions applied between a worker's pull and the
+                 apply of its push (jaxdl.trace.summarize)
+
+A diverged run (jaxdl.runner.divergence) has no figures: the tables say
+"diverged" in their place, the plots mark it with an x.
 """
 from __future__ import annotations
 
@@ -52,6 +57,24 @@ class CellResult:
   """Evaluations: step, epoch, time (simulated or wall) and test_accuracy."""
   async_bn: bool = False
   """Evaluated with the server's asynchronous batch-norm statistics (--async-bn)."""
+  algorithm: str = ""
+  last: dict[str, float] | None = None
+  """The last logged step, epoch and time (where a diverged run stopped)."""
+
+  @property
+  def diverged(self) -> bool:
+    """The run stopped because its training loss diverged (jaxdl.runner)."""
+    return self.summary.get("status") == "diverged"
+
+  @property
+  def accuracy(self) -> float | None:
+    """Final test accuracy; None for a diverged run."""
+    return None if self.diverged else self.summary.get("test_accuracy")
+
+  @property
+  def simulated(self) -> bool:
+    """Its times are simulated seconds (a sim run), not wall seconds."""
+    return "simulated_time_s" in self.summary
 
   @property
   def bn_variant(self) -> str:
@@ -66,11 +89,14 @@ class CellResult:
 
   @property
   def throughput(self) -> float | None:
+    """Samples per second; None for a diverged run (no result to compare to)."""
     t = self.time_s
     samples = self.summary.get("samples")
-    return samples / t if t and samples else None
+    return samples / t if t and samples and not self.diverged else None
 
   def time_to(self, target: float) -> float | None:
+    if self.diverged:
+      return None
     return next((p["time"] for p in self.curve if p["test_accuracy"] >= target), None)
 
 
@@ -90,16 +116,17 @@ def step_times(path: Path, batch_sizes) -> list[float]:
   return [events[i].time for i in trace.step_ends(events, batch_sizes)]
 
 
-def _curve(run: Path, summary: dict, workers: int) -> list[dict[str, float]]:
+def _points(run: Path, summary: dict, workers: int) -> list[dict[str, Any]]:
+  """Every record of metrics.jsonl: step, epoch, time (simulated or wall) and
+  test_accuracy (None between evaluations)."""
   path = run / "metrics.jsonl"
   if not path.exists():
     return []
   records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  records = [r for r in records if "test_accuracy" in r]
   simulated = "simulated_time_s" in summary and (run / "trace.jsonl").exists()
   sizes = summary.get("batch_sizes") or workers
-  ends = step_times(run / "trace.jsonl", sizes) if simulated else []
-  return [{"step": r["step"], "epoch": r["epoch"], "test_accuracy": r["test_accuracy"],
+  ends = step_times(run / "trace.jsonl", sizes) if simulated and records else []
+  return [{"step": r["step"], "epoch": r["epoch"], "test_accuracy": r.get("test_accuracy"),
            "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
           for r in records]
 
@@ -124,9 +151,12 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
     config = _flat(run / "config.json")
     summary = json.loads((run / "summary.json").read_text())
     workers = config["workers"]
+    points = _points(run, summary, workers)
     results.append(CellResult(name, variant or labels.config_label(config), workers,
                               config["network"], bool(config.get("dry_run")), summary,
-                              _curve(run, summary, workers), bool(config.get("async_bn"))))
+                              [p for p in points if p["test_accuracy"] is not None],
+                              bool(config.get("async_bn")), config["algorithm"],
+                              points[-1] if points else None))
   return results, status
 
 
@@ -135,6 +165,13 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
 
 def _fmt(x: float | None, spec: str = ".4f") -> str:
   return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+DIVERGED = "diverged"  # a diverged run's entry in every table, in place of a figure
+
+
+def _error(c: CellResult | None) -> float | None:
+  return None if c is None or c.accuracy is None else 100 * (1 - c.accuracy)
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -163,10 +200,10 @@ class Report:
     self.main = self.networks[0] if self.networks else None
     baseline = self.baseline(self.main)
     if target_accuracy is None:
-      best = baseline or max(self.train, key=lambda c: c.summary.get("test_accuracy", 0),
-                             default=None)
-      target_accuracy = (math.floor(0.95 * best.summary["test_accuracy"] * 100) / 100
-                         if best else 0.0)
+      finished = [c for c in self.train if c.accuracy is not None]
+      best = (baseline if baseline and baseline.accuracy is not None else
+              max(finished, key=lambda c: c.accuracy, default=None))
+      target_accuracy = math.floor(0.95 * best.accuracy * 100) / 100 if best else 0.0
     self.target = target_accuracy
 
   def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
@@ -188,7 +225,7 @@ class Report:
     for m in _workers(cells):
       row = [self._cell(v, m, network) for v in variants]
       if any(row):
-        rows.append([str(m)] + [_fmt(c.summary.get("test_accuracy") if c else None)
+        rows.append([str(m)] + [DIVERGED if c and c.diverged else _fmt(c and c.accuracy)
                                 for c in row])
     return _markdown(["workers"] + variants, rows)
 
@@ -196,16 +233,16 @@ class Report:
     """LC-ASGD Table 3: test error % and degradation against one-worker SGD."""
     cells = [c for c in self.train if c.network == network]
     base = self.baseline(network)
-    base_error = 100 * (1 - base.summary["test_accuracy"]) if base else None
+    base_error = _error(base)
     rows = []
     for m in _workers(cells):
       row = [str(m)]
       for v in _variants(cells):
         c = self._cell(v, m, network)
-        if c is None:
-          row.append("")
+        if c is None or c.diverged:
+          row.append(DIVERGED if c else "")
           continue
-        error = 100 * (1 - c.summary["test_accuracy"])
+        error = _error(c)
         row.append(f"{error:.2f}" if c is base or not base_error else
                    f"{error:.2f} ({degradation(error, base_error):+.1f}%)")
       rows.append(row)
@@ -223,8 +260,7 @@ class Report:
       for v in variants:
         pair = [next((c for c in cells if c.bn_variant == v and c.workers == m
                       and c.async_bn == abn), None) for abn in (False, True)]
-        errors = [_fmt(100 * (1 - c.summary["test_accuracy"]) if c else None, ".2f")
-                  for c in pair]
+        errors = [DIVERGED if c and c.diverged else _fmt(_error(c), ".2f") for c in pair]
         row.append("" if not any(pair) else " / ".join(errors))
       rows.append(row)
     return _markdown(["workers"] + variants, rows)
@@ -241,6 +277,10 @@ class Report:
     rows = []
     for c in (c for c in self.train if c.network == network):
       s = c.summary
+      if c.diverged:  # none of its figures is a result
+        rows.append([f"{c.variant} ×{c.workers}", f"{DIVERGED} at step "
+                     f"{s.get('diverged_at_step')}"] + ["—"] * (len(header) - 2))
+        continue
       row = [f"{c.variant} ×{c.workers}", _fmt(c.time_s, ".4g"), _fmt(c.throughput, ",.0f"),
              _fmt(ratio(c.throughput, base and base.throughput), ".2f")]
       for n in timing_nets:
@@ -256,6 +296,34 @@ class Report:
               _fmt(wait_pct, ".1f"), stale, _fmt(mb / 1e6 if mb is not None else None, ".1f")]
       rows.append(row)
     return _markdown(header, rows)
+
+  def staleness_notes(self, network: str) -> str:
+    """What the staleness column counts, and the SSP cells whose bound never
+    bound: no worker waited on it, or the parameters equal asp's bit for bit."""
+    cells = [c for c in self.train if c.network == network and not c.diverged]
+    if not any(c.summary.get("staleness_mean") is not None for c in cells):
+      return ""
+    lines = ["Staleness of an update is counted in server versions: the updates (of any "
+             "worker) that the server applied between the worker's pull and the apply of "
+             "its push. SSP's bound s counts a worker's iterations instead: a worker may start "
+             "iteration c only once every worker has finished c − s, and waits until "
+             "then; a bound that no worker reaches never binds."]
+    for m in _workers(cells):
+      same, idle = [], []
+      for c in (c for c in cells if c.workers == m and c.algorithm == "ssp"):
+        asp = self._cell("asp" + (f"_{labels.ASYNC_BN}" if c.async_bn else ""), m, network)
+        fingerprint = c.summary.get("params_fingerprint")
+        if asp and not asp.diverged and fingerprint and \
+            asp.summary.get("params_fingerprint") == fingerprint:
+          same.append(c)
+        elif c.summary.get("wait_s") is not None and not any(c.summary["wait_s"]):
+          idle.append(c)
+      for group, why in ((same, "identical to asp (the same parameters fingerprint)"),
+                         (idle, "no worker ever waited on it")):
+        if group:
+          lines.append(f"- {', '.join(c.variant for c in group)}: the staleness bound s "
+                       f"never bound at {m} workers: {why}.")
+    return "\n".join(lines)
 
   def failures(self) -> list[tuple[str, str]]:
     return [(name, s.get("error", "")) for name, s in self.status.items()
@@ -275,6 +343,12 @@ class Report:
                   self.bn_error_table(net)]
       parts += [f"### Speedup, time to accuracy, waiting, staleness, bytes{where}",
                 self.scaling_table(net)]
+      notes = self.staleness_notes(net)
+      parts += [notes] if notes else []
+    diverged = [c for c in self.train + self.timing if c.diverged]
+    if diverged:
+      parts += ["### Diverged cells (stopped; no test figures)", "\n".join(
+          f"- `{c.name}`: {c.summary.get('divergence', DIVERGED)}" for c in diverged)]
     failed = self.failures()
     if failed:
       parts += ["### Failed cells", "\n".join(f"- `{n}`: {e}" for n, e in failed)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -27,10 +28,28 @@ def check_output(out: Path, resume: bool, overwrite: bool) -> None:
                       "continue the run in it, or --overwrite to replace its run files")
 
 
+def finite(data: Any) -> Any:
+  """`data` with every NaN or infinite float replaced by None (null): strict
+  JSON has no NaN, and a diverged run's losses are NaN."""
+  if isinstance(data, float):
+    return data if math.isfinite(data) else None
+  if isinstance(data, dict):
+    return {k: finite(v) for k, v in data.items()}
+  if isinstance(data, (list, tuple)):
+    return [finite(v) for v in data]
+  return data
+
+
+def dumps(data: Any, **kwargs: Any) -> str:
+  """Strict JSON of `data`, non-finite numbers as null; any other NaN that
+  slips through (a numpy scalar) raises instead of writing ``NaN``."""
+  return json.dumps(finite(data), allow_nan=False, **kwargs)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
-  """Atomic write: a reader sees the old file or the new one, never half."""
+  """Atomic write of strict JSON: a reader sees the old file or the new one, never half."""
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(data, indent=2) + "\n")
+  tmp.write_text(dumps(data, indent=2) + "\n")
   os.replace(tmp, path)
 
 
@@ -67,7 +86,8 @@ class MetricsLog:
     self.last = json.loads(kept[-1]) if kept else {}
 
   def write(self, record: dict[str, Any]) -> None:
-    self._file.write(json.dumps(record) + "\n")
+    record = finite(record)  # a NaN loss is written as null, and not to TensorBoard
+    self._file.write(dumps(record) + "\n")
     self._file.flush()
     for key, value in record.items():
       if key != "step" and isinstance(value, (int, float)):

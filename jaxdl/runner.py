@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -18,7 +19,7 @@ from jaxdl.engines import ENGINES, Engine
 from jaxdl.errors import ConfigError
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import build_model, count_params
-from jaxdl.optim import make_optimizer
+from jaxdl.optim import make_optimizer, with_defaults
 
 
 def default_out(config: RunConfig) -> Path:
@@ -56,8 +57,10 @@ def setup(config: RunConfig, streams: WorkerStreams | None = None) -> Setup:
                       config.model.stem)
   # A parameter server's optimizer updates once per push, M times a step
   # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
-  per_step = config.algorithm.workers if spec.shape is Centralized else 1
-  optimizer = make_optimizer(config.optim, total, streams.steps_per_epoch, per_step)
+  m = config.algorithm.workers
+  per_step = m if spec.shape is Centralized else 1
+  optim = with_defaults(config.optim, spec.optim_defaults and spec.optim_defaults(m))
+  optimizer = make_optimizer(optim, total, streams.steps_per_epoch, per_step)
   problem = Problem(model, optimizer,
                     sync_bn=config.algorithm.sync_bn, async_bn=config.algorithm.async_bn)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
@@ -111,7 +114,9 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
 
   ``jaxdl.run(RunConfig.make(dataset="digits", epochs=5))`` or
   ``jaxdl.run(dataset="digits", epochs=5)``. Bad input raises ConfigError
-  before anything is written.
+  before anything is written. A run whose training loss diverges (see
+  `divergence`) stops and returns, without raising, a summary whose
+  ``"status"`` is ``"diverged"`` (else ``"completed"``).
   """
   config = (config or RunConfig()).replace(**overrides)
   validate(config)
@@ -139,13 +144,38 @@ def _dry_run(setup: Setup, out: Path) -> dict[str, Any]:
   """The schedule's timing alone: no parameters, no math."""
   figures = setup.engine.figures()
   samples = setup.total_steps * setup.global_batch
-  summary = {**figures, "steps": setup.total_steps, "samples": samples,
+  summary = {"status": "completed", **figures, "steps": setup.total_steps, "samples": samples,
              "samples_per_simulated_s": samples / figures["simulated_time_s"],
              "algorithm": setup.spec.name, "workers": setup.config.algorithm.workers,
              "model": setup.config.model.model, "dry_run": True}
   trace.write_trace(out / rundir.TRACE, setup.engine.trace())
   rundir.write_json(out / rundir.SUMMARY, summary)
   return summary
+
+
+DIVERGENCE_FACTOR = 1e3
+"""A run diverges at the first step whose training loss is NaN, infinite, or
+over this factor times the run's first finite loss (its first step's)."""
+
+
+def divergence(losses: np.ndarray, initial: float | None,
+               params_finite: Callable[[], bool]) -> int | None:
+  """Index in `losses` (consecutive steps' training losses) of the step at
+  which the run diverged, or None.
+
+  Engines report NaN for a step that computed no gradient, so a NaN is
+  divergence only in a run of NaN that ends `losses` while the parameters
+  (`params_finite()`, asked only then) are no longer finite.
+  """
+  limit = DIVERGENCE_FACTOR * initial if initial and initial > 0 else np.inf
+  bad = np.flatnonzero(np.isinf(losses) | (losses > limit))
+  if bad.size:
+    return int(bad[0])
+  known = np.flatnonzero(~np.isnan(losses))
+  nan_tail = int(known[-1]) + 1 if known.size else 0
+  if nan_tail < len(losses) and not params_finite():
+    return nan_tail
+  return None
 
 
 class _Training:
@@ -160,16 +190,20 @@ class _Training:
     self.state = setup.engine.init(jax.random.fold_in(jax.random.key(c.seed), 0))
     self.ckpt = Checkpointer(out / rundir.CHECKPOINTS, c.keep_checkpoints)
     self.start, self.wall_offset = 0, 0.0
+    self.initial_loss: float | None = None  # the first finite training loss
     if resuming:
       restored = self.ckpt.restore_latest(abstract(self.state))
       if restored is not None:
         self.state, meta = restored
         self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
+        self.initial_loss = meta.get("initial_loss")
     self.log = (rundir.MetricsLog(out, self.start if resuming else None)
                 if distributed.is_main() else rundir.NullLog())
     self.evaluator = Evaluator(setup.problem, setup.dataset.test)
     self.last_eval: dict[str, float] = {}
-    self.last_train = {"loss": self.log.last.get("train_loss", float("nan"))}
+    last_loss = self.log.last.get("train_loss")
+    self.last_train = {"loss": float("nan") if last_loss is None else last_loss}
+    self.diverged: dict[str, Any] | None = None
 
   def _elapsed(self) -> float:
     return self.wall_offset + time.perf_counter() - self.t0
@@ -182,17 +216,26 @@ class _Training:
                disable=not (s.config.output.progress and distributed.is_main()),
                desc=s.spec.name)
     pending, window_t, window_step = [], self._elapsed(), self.start
+    done = self.start
     try:
       for step in range(self.start, s.total_steps):
         self.state, metrics = s.engine.step(self.state, step)
         pending.append(metrics)
         done = step + 1
         evaluate = done % self.eval_every == 0 or done == s.total_steps
-        if done % c.log_every == 0 or evaluate:  # evaluate: also at the last step
-          # Fetching the metrics also bounds how far dispatch runs ahead.
-          self.last_train = {k: float(np.nanmean(v)) for k, v in
-                             jax.device_get(jax.tree.map(lambda *x: list(x), *pending)).items()}
+        log = done % c.log_every == 0 or evaluate  # evaluate: also at the last step
+        checkpoint = done % self.ckpt_every == 0 or done == s.total_steps
+        if log or checkpoint:
+          # Fetching the metrics also bounds how far dispatch runs ahead; a
+          # checkpoint waits for the state anyway, and is never of a diverged one.
+          fetched = jax.device_get(jax.tree.map(lambda *x: list(x), *pending))
+          self._check_divergence(np.asarray(fetched["loss"], np.float64), done - len(pending))
+        if log or self.diverged:
+          with warnings.catch_warnings():  # a window of NaN losses is NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.last_train = {k: float(np.nanmean(v)) for k, v in fetched.items()}
           pending = []
+          evaluate = evaluate and not self.diverged
           if evaluate:
             self.last_eval = self._evaluate()
           now = self._elapsed()
@@ -203,13 +246,31 @@ class _Training:
                           acc=f"{self.last_eval.get('test_accuracy', float('nan')):.4f}",
                           samples_s=f"{rate:.0f}", refresh=False)
         bar.update(1)
-        if done % self.ckpt_every == 0 or done == s.total_steps:
+        if self.diverged:
+          break
+        if checkpoint:
           self._checkpoint(done)
     finally:
       bar.close()
       self.ckpt.close()
       self.log.close()
-    return self._summary()
+    return self._summary(done)
+
+  def _check_divergence(self, losses: np.ndarray, before: int) -> None:
+    """Sets `self.diverged` if one of `losses`, those of the steps after
+    `before`, shows the run diverged."""
+    if self.initial_loss is None and np.isfinite(losses).any():
+      self.initial_loss = float(losses[np.isfinite(losses)][0])
+    params_finite = lambda: all(np.isfinite(x).all() for x in jax.tree.leaves(
+        self.s.engine.evaluated(self.state)[0]))
+    index = divergence(losses, self.initial_loss, params_finite)
+    if index is None:
+      return
+    step, loss = before + index + 1, float(losses[index])
+    over = (f" (over {DIVERGENCE_FACTOR:g} x the first loss, {self.initial_loss:.4g})"
+            if np.isfinite(loss) else "")
+    self.diverged = {"diverged_at_step": step,
+                     "divergence": f"train loss {loss:.4g} at step {step}{over}"}
 
   def _evaluate(self) -> dict[str, float]:
     return self.evaluator(*self.s.engine.evaluated(self.state))
@@ -224,20 +285,26 @@ class _Training:
     self.log.write(record)
 
   def _checkpoint(self, step: int) -> None:
-    self.ckpt.save(step, self.state, {"wall_time_s": self._elapsed()})
+    self.ckpt.save(step, self.state, {"wall_time_s": self._elapsed(),
+                                      "initial_loss": self.initial_loss})
 
-  def _summary(self) -> dict[str, Any]:
+  def _summary(self, steps: int) -> dict[str, Any]:
+    """The summary after `steps` steps (all of them, unless the run diverged)."""
     s = self.s
-    if not self.last_eval:  # a resumed run that had already finished
+    if self.diverged:  # its parameters are no result: no test figures
+      self.last_eval = {}
+    elif not self.last_eval:  # a resumed run that had already finished
       self.last_eval = self._evaluate()
     params, model_state = s.engine.evaluated(self.state)
     wall = self._elapsed()
-    samples = s.total_steps * s.global_batch
+    samples = steps * s.global_batch
     summary = {
+        "status": "diverged" if self.diverged else "completed",
+        **(self.diverged or {}),
         **self.last_eval,
         "train_loss": self.last_train["loss"],
-        "steps": s.total_steps, "samples": samples,
-        "epochs": s.total_steps / s.streams.steps_per_epoch,
+        "steps": steps, "samples": samples,
+        "epochs": steps / s.streams.steps_per_epoch,
         "wall_time_s": wall, "samples_per_s": samples / wall if wall else float("nan"),
         "params_fingerprint": fingerprint(params),
         "model_state_fingerprint": fingerprint(model_state),
@@ -249,6 +316,7 @@ class _Training:
         **s.engine.figures(),
         **s.engine.report(self.state),
     }
+    summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
       trace.write_trace(self.out / rundir.TRACE, s.engine.trace())
       rundir.write_json(self.out / rundir.SUMMARY, summary)

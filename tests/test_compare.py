@@ -132,3 +132,27 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
       assert compare.check_cells(grid, tmp_path) == {}
   if name == "lcasgd_table3":
     assert {"asp_abn", "dc_asgd_abn", "lc_asgd_abn"} <= {v.label for v in grid.variants}
+
+
+def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
+  out = tmp_path / "cmp"
+  args = ["compare", "--out", str(out), "--algorithms", "asp", "--workers", "2", "--jobs", "1",
+          "--no-progress", "--steps", "30", "--lr", "50", "--model", "mlp"]
+  assert main(args) == 0  # a diverged run is a result, not an error
+  captured = capsys.readouterr()
+  assert "1 of 2 cells diverged: asp-m2" in captured.err
+  assert "| 2 | diverged |" in captured.out  # the accuracy table
+
+  def strict(path):
+    return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path}: {c}"))
+  cells = strict(out / "cells.json")
+  assert cells["asp-m2"]["status"] == "diverged"
+  assert "at step" in cells["asp-m2"]["divergence"]
+  assert cells["asp-m2-56gbps-timing"]["status"] == "done"
+  strict(out / "grid.json")
+  assert strict(out / "asp-m2" / "summary.json")["status"] == "diverged"
+  assert "diverged" in (out / "report.md").read_text()
+  assert main(args) == 0  # the rerun skips it, still diverged
+  again = strict(out / "cells.json")["asp-m2"]
+  assert again == {"status": "diverged", "divergence": cells["asp-m2"]["divergence"],
+                   "skipped": True}

@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from jaxdl import report
+from jaxdl import plots, report
 from jaxdl.cli import main
+from jaxdl.compare import DEFAULT_GRID
 from jaxdl.config import RunConfig
 from jaxdl.plots import PLOTS
 
@@ -120,3 +121,118 @@ def test_report_of_a_directory_without_runs_is_exit_2(tmp_path, capsys):
   assert main(["report", str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "--dir" in err
+
+
+def _diverged_cell(root, name="ssp_s3-m8", **config):
+  """ssp s=3 x8, stopped at step 3 (diverged at 2) after one evaluation at step 1."""
+  _run_dir(root, name, {"samples": 300, "status": "diverged", "diverged_at_step": 2,
+                        "divergence": "train loss nan at step 2", "train_loss": None,
+                        "simulated_time_s": 0.3, "wait_s": [0.0] * 8, "staleness_mean": 1.0,
+                        "staleness_max": 2},
+           evals=[(1, 0.6, 1.0)], trace_times=[0.01 * k for k in range(1, 25)],
+           **{"algorithm": "ssp", "staleness_bound": 3, "workers": 8, **config})
+  with open(root / name / "metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 3, "epoch": 1.5, "train_loss": None, "wall_time_s": 2.0}) + "\n")
+
+
+def test_a_diverged_cell_shows_diverged_never_a_figure(comparison):
+  _diverged_cell(comparison)
+  r = report.Report(comparison)
+  assert r.target == 0.90  # from the finished cells only
+  assert _rows(r.accuracy_table("10gbps"))["8"] == ["—", "—", "diverged"]
+  assert _rows(r.error_table("10gbps"))["8"] == ["", "", "diverged"]
+  row = _rows(r.scaling_table("10gbps"))["ssp_s3 ×8"]
+  assert row[0] == "diverged at step 2" and set(row[1:]) == {"—"}
+  assert "- `ssp_s3-m8`: train loss nan at step 2" in r.tables()
+  cell = next(c for c in r.train if c.diverged)
+  assert cell.last == {"step": 3, "epoch": 1.5, "test_accuracy": None, "time": pytest.approx(0.24)}
+  # the curves end in an x at the stopping point, labelled diverged
+  fig = plots.curves(r, "epoch")
+  marks = [l for ax in fig.axes for l in ax.get_lines() if "diverged" in l.get_label()]
+  assert [(l.get_label(), l.get_marker(), list(l.get_xdata())) for l in marks] == [
+      ("ssp_s3 (diverged)", "x", [1.5])]
+  assert "ssp_s3 (diverged)" in [t.get_text() for t in fig.legends[0].get_texts()]
+  fig = plots.accuracy_against_workers(r)
+  assert [l.get_label() for l in fig.axes[0].get_lines() if l.get_marker() == "x"] == [
+      "ssp_s3 (diverged)"]
+
+
+def test_report_command_over_a_diverged_cell(comparison, capsys):
+  _diverged_cell(comparison)
+  assert main(["report", str(comparison)]) == 0
+  printed = capsys.readouterr().out
+  assert "| 8 | | | diverged |" in " ".join(printed.split())
+  for name in PLOTS:
+    assert (comparison / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def _line_colors(fig) -> dict[str, tuple]:
+  return {l.get_label(): l.get_color() for ax in fig.axes for l in ax.get_lines()}
+
+
+def test_a_variant_has_one_colour_in_every_plot_and_comparison(comparison, tmp_path):
+  # another comparison, with other variants in another order
+  other = tmp_path / "other"
+  for name, algorithm, accuracy, extra in (
+      ("ssp_s3-m2", "ssp", 0.8, {"staleness_bound": 3}), ("bsp-m2", "bsp", 0.7, {}),
+      ("easgd_tau4-m2", "easgd", 0.6, {"communication_period": 4})):
+    _run_dir(other, name, {"samples": 100, "test_accuracy": accuracy, "simulated_time_s": 1.0},
+             evals=[(1, accuracy, 1.0)], algorithm=algorithm, workers=2, **extra)
+  a = _line_colors(plots.curves(report.Report(comparison), "time"))
+  b = _line_colors(plots.accuracy_against_workers(report.Report(other)))
+  assert a["ssp_s3"] == b["ssp_s3"] == plots.color("ssp_s3")
+  assert a["asp"] == plots.color("asp") != a["ssp_s3"]
+  # the default comparison's variants all differ
+  labels = [v.label for v in DEFAULT_GRID.variants]
+  assert len({plots.color(v) for v in labels}) == len(labels)
+
+
+def test_report_axes_say_which_seconds(comparison):
+  r = report.Report(comparison)
+  fig = plots.curves(r, "time")
+  # sgd and asp have simulated times, ssp_s3 too (its summary has simulated_time_s)
+  assert fig.axes[0].get_xlabel() == "time (simulated seconds)"
+  assert plots.curves(r, "epoch").axes[0].get_xlabel() == "epochs"
+  # legends sit outside the axes: one figure legend, none inside
+  assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
+
+
+def _ssp_cell(root, name, bound, fingerprint, wait):
+  _run_dir(root, name, {"samples": 1000, "test_accuracy": 0.9, "simulated_time_s": 0.25,
+                        "params_fingerprint": fingerprint, "wait_s": wait,
+                        "staleness_mean": 2.5, "staleness_max": 3},
+           algorithm="ssp", staleness_bound=bound, workers=4)
+
+
+def test_report_says_when_the_staleness_bound_never_bound(comparison):
+  summary_path = comparison / "asp-m4" / "summary.json"
+  summary = json.loads(summary_path.read_text())
+  summary_path.write_text(json.dumps({**summary, "params_fingerprint": "f-asp"}))
+  _ssp_cell(comparison, "ssp_s100-m4", 100, "f-asp", [0.0] * 4)   # asp's parameters
+  _ssp_cell(comparison, "ssp_s50-m4", 50, "f-other", [0.0] * 4)   # no wait, other bits
+  notes = report.Report(comparison).staleness_notes("10gbps")
+  assert "counted in server versions" in notes
+  lines = notes.splitlines()[1:]
+  assert lines == [
+      "- ssp_s100: the staleness bound s never bound at 4 workers: identical to asp "
+      "(the same parameters fingerprint).",
+      "- ssp_s50: the staleness bound s never bound at 4 workers: no worker ever waited on it."]
+  # ssp_s3 waited (0.1 s per worker): its bound bound, it is not named
+  assert "ssp_s3:" not in notes
+  assert notes in report.Report(comparison).tables()
+
+
+def test_never_bound_from_real_runs(tmp_path):
+  """A bound no worker reaches gives asp's schedule, hence asp's parameters."""
+  from jaxdl.config import RunConfig as Config
+  import jaxdl
+  flags = dict(model="mlp", engine="sim", workers=4, steps=6, jitter=0.5, progress=False)
+  d = tmp_path / "cmp"
+  jaxdl.run(Config.make(algorithm="asp", out=str(d / "asp-m4"), **flags))
+  jaxdl.run(Config.make(algorithm="ssp", staleness_bound=1000, out=str(d / "ssp_s1000-m4"),
+                        **flags))
+  jaxdl.run(Config.make(algorithm="ssp", staleness_bound=0, out=str(d / "ssp_s0-m4"), **flags))
+  notes = report.Report(d).staleness_notes("10gbps")
+  assert ("- ssp_s1000: the staleness bound s never bound at 4 workers: identical to asp"
+          in notes)
+  assert "ssp_s0" not in notes

@@ -33,8 +33,8 @@ def test_run_directory_is_complete(tmp_path):
   assert [r["step"] for r in evaluated] == [44, 88]  # once per epoch
   assert records[-1]["samples"] == 88 * 32
   assert any(p.name.startswith("events.out.tfevents") for p in (out / "tb").iterdir())
-  on_disk = json.loads((out / "summary.json").read_text())
-  assert on_disk == summary
+  on_disk = json.loads((out / "summary.json").read_text(), parse_constant=pytest.fail)
+  assert on_disk == summary and summary["status"] == "completed"
   for key in ("test_accuracy", "test_loss", "train_loss", "steps", "samples",
               "wall_time_s", "samples_per_s", "params_fingerprint", "jax_version", "backend"):
     assert key in summary, key
@@ -101,7 +101,7 @@ def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tmp_path):
 
 def test_resume_refuses_a_different_config(tmp_path):
   out = tmp_path / "run"
-  jaxdl.run(RunConfig.make(out=str(out), **QUICK))
+  jaxdl.run(RunConfig.make(out=str(out), lr=0.05, **QUICK))
   before = (out / "summary.json").read_text()
   with pytest.raises(ConfigError, match="--lr=0.5.*0.05"):
     jaxdl.run(RunConfig.make(out=str(out), resume=True, lr=0.5, **QUICK))
