@@ -247,6 +247,7 @@ class RunConfig:
     other than the one named are dropped."""
     if not isinstance(d, dict):
       raise ConfigError("config", type(d).__name__, "a JSON object of config fields")
+    d = {k: v for k, v in d.items() if k != ENVIRONMENT}  # what it ran on, not a setting
     legacy = False
     if d and all(isinstance(v, dict) for v in d.values()):
       section = d.get("algorithm", {})
@@ -285,6 +286,9 @@ def _setting_fields(algorithm: str) -> set[str]:
     return set()
   return {f.name for f in dataclasses.fields(ALGORITHMS.get(algorithm).settings)}
 
+
+# config.json's record of what the run ran on (jaxdl.rundir.environment).
+ENVIRONMENT = "environment"
 
 # Fields that do not change what is computed: a resumed run may differ in them.
 RUN_CONTROL_FIELDS = frozenset(

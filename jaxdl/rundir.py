@@ -8,12 +8,39 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from jaxdl.config import ENVIRONMENT
 from jaxdl.errors import ConfigError
 
 CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD, TRACE = (
     "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb", "trace.jsonl")
 RUN_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, CHECKPOINTS + ".corrupt", TENSORBOARD,
              TRACE)
+
+
+def environment() -> dict[str, Any]:
+  """What a run's parameters depend on besides its config: the backend, the
+  device count (e.g. ar_sgd's reductions are ordered by the mesh), XLA_FLAGS
+  and the jax version."""
+  import jax
+  return {"backend": jax.default_backend(), "devices": jax.device_count(),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_version": jax.__version__}
+
+
+def environment_warning(path: Path) -> str | None:
+  """One line when the config.json at `path` was written on another
+  environment than this process's (None when the same, or not recorded)."""
+  try:
+    stored = json.loads(Path(path).read_text()).get(ENVIRONMENT)
+  except (OSError, ValueError, AttributeError):
+    return None
+  if not isinstance(stored, dict):
+    return None
+  now = environment()
+  changed = [f"{k} {stored.get(k)!r} -> {v!r}" for k, v in now.items() if stored.get(k) != v]
+  if not changed:
+    return None
+  return (f"warning: {path} was written with another environment ({'; '.join(changed)}): "
+          "the parameters and their fingerprint may differ")
 
 
 def check_output(out: Path, resume: bool, overwrite: bool) -> None:

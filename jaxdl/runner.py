@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -13,7 +14,8 @@ import numpy as np
 from jaxdl import algorithms, distributed, rundir, trace
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
 from jaxdl.checkpoint import Checkpointer, abstract
-from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve, validate
+from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve,
+                          validate)
 from jaxdl.data import Dataset, Split, WorkerStreams, load_dataset
 from jaxdl.engines import ENGINES, Engine
 from jaxdl.errors import ConfigError
@@ -129,12 +131,17 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
   resuming = resume and (out / rundir.CONFIG).exists()
   if resuming:
     _check_resumable(out, config)
+  source = out / rundir.CONFIG if resuming else config.output.config
+  warning = source and rundir.environment_warning(Path(source))
+  if warning and distributed.is_main():
+    print(warning, file=sys.stderr)
   if distributed.is_main():  # the other processes only take part in checkpoints
     if config.output.overwrite or (resume and not resuming):
       if out.exists():
         rundir.clear_run_files(out)
     out.mkdir(parents=True, exist_ok=True)
-    rundir.write_json(out / rundir.CONFIG, config.to_dict())
+    rundir.write_json(out / rundir.CONFIG,
+                      {**config.to_dict(), ENVIRONMENT: rundir.environment()})
   if config.output.dry_run:
     return _dry_run(built, out)
   return _Training(built, out, resuming).run()
@@ -197,6 +204,7 @@ class _Training:
         self.state, meta = restored
         self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
         self.initial_loss = meta.get("initial_loss")
+    self.previous = self._previous_trace() if self.start else []
     self.log = (rundir.MetricsLog(out, self.start if resuming else None)
                 if distributed.is_main() else rundir.NullLog())
     self.evaluator = Evaluator(setup.problem, setup.dataset.test)
@@ -284,7 +292,28 @@ class _Training:
       record.update(self.last_eval)
     self.log.write(record)
 
+  def _previous_trace(self) -> list[trace.Event]:
+    """The events of the steps before the checkpoint resumed from, from the
+    trace.jsonl written with it."""
+    path = self.out / rundir.TRACE
+    events = list(trace.read_trace(path)) if path.exists() else []
+    ends = trace.step_ends(events, self.s.streams.batch_sizes)
+    return events[:ends[self.start - 1] + 1] if len(ends) >= self.start else events
+
+  def _trace(self) -> list[trace.Event]:
+    """The run's events from step 0. An engine's trace holds either the
+    whole run (a simulated schedule) or this process's steps (a real run's
+    wall times, which continue the resumed run's clock)."""
+    current = list(self.s.engine.trace())
+    if current[:len(self.previous)] == self.previous:
+      return current
+    return self.previous + [dataclasses.replace(e, time=e.time + self.wall_offset)
+                            for e in current]
+
   def _checkpoint(self, step: int) -> None:
+    # The trace first: a checkpoint's steps are then always in trace.jsonl.
+    if distributed.is_main():
+      trace.write_trace(self.out / rundir.TRACE, self._trace())
     self.ckpt.save(step, self.state, {"wall_time_s": self._elapsed(),
                                       "initial_loss": self.initial_loss})
 
@@ -318,6 +347,6 @@ class _Training:
     }
     summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
-      trace.write_trace(self.out / rundir.TRACE, s.engine.trace())
+      trace.write_trace(self.out / rundir.TRACE, self._trace())
       rundir.write_json(self.out / rundir.SUMMARY, summary)
     return summary

@@ -62,7 +62,8 @@ class MeshEngine:
     self._local_workers = self._workers_of_this_process()
     self._in_flight: collections.deque = collections.deque()
     # The trace of a real run: each step's dispatch, in wall seconds from the
-    # engine's start (steps of this process only, after a resume).
+    # engine's start (this process's steps: after a resume, the runner puts the
+    # earlier steps' events first).
     self._events: list[Event] = []
     self._start = time.perf_counter()
     key = jax.random.key(0)
