@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,24 @@ def environment_warning(path: Path) -> str | None:
           "the parameters and their fingerprint may differ")
 
 
+def _writable(directory: Path) -> bool:
+  """Whether a file can be created in `directory`, tried (permission bits
+  alone say yes to root where the file system says no)."""
+  try:
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxdl-probe-")
+  except OSError:
+    return False
+  os.close(fd)
+  os.remove(name)
+  return True
+
+
 def check_output(out: Path, resume: bool, overwrite: bool) -> None:
   """Refuses an output dir that cannot be written or holds another run; writes nothing."""
   if out.exists() and not out.is_dir():
     raise ConfigError("out", str(out), "a directory, not an existing file")
   existing = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
-  if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+  if not (existing.is_dir() and _writable(existing)):
     raise ConfigError("out", str(out), f"a writable directory ({existing} is not writable)")
   if out.exists() and any(out.iterdir()) and not (resume or overwrite):
     raise ConfigError("out", str(out), "a new or empty directory; pass --resume to "
