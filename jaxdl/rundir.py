@@ -57,7 +57,7 @@ def _writable(directory: Path) -> bool:
 
 
 def check_output(out: Path, resume: bool, overwrite: bool) -> None:
-  """Refuses an output dir that cannot be written or holds another run; writes nothing."""
+  """Refuses an output dir that cannot be written or holds another run; leaves nothing."""
   if out.exists() and not out.is_dir():
     raise ConfigError("out", str(out), "a directory, not an existing file")
   existing = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
