@@ -102,6 +102,8 @@ def _compare(args: list[str]) -> int:
     run_flags = {k: v for k, v in given.flat().items() if v != base.flat().get(k)}
     run_flags.update(settings)
   grid = compare.apply_args(grid, opts, run_flags)
+  compare.check_out(Path(opts.out))
+  compare.check_grid(grid, Path(opts.out), opts)  # every cell, before the first runs
   status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,
                             progress=opts.progress, experiment=opts.experiment)
   report = Report(opts.out, opts.target_accuracy)

@@ -185,12 +185,29 @@ def load_experiment(path: str) -> Grid:
     raise ConfigError("experiment", path, "a Python file that defines GRID")
   spec = importlib.util.spec_from_file_location("jaxdl_experiment", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except ConfigError:
+    raise
+  except Exception as e:  # a syntax error, or any exception the file raises
+    raise ConfigError("experiment", path, f"a file that runs: {_where(e, path)}") from None
   grid = getattr(module, "GRID", None)
   if not isinstance(grid, Grid):
     raise ConfigError("experiment", path, "a file that defines GRID = jaxdl.compare.Grid(...)")
   _LOADED[key] = grid
   return grid
+
+
+def _where(error: Exception, path: str) -> str:
+  """``SyntaxError at line 3: '(' was never closed``: the error, and its line in `path`."""
+  line = getattr(error, "lineno", None) if isinstance(error, SyntaxError) else None
+  if line is None:
+    here = [f.lineno for f in traceback.extract_tb(error.__traceback__)
+            if Path(f.filename).resolve() == Path(path).resolve()]
+    line = here[-1] if here else None
+  message = (error.msg if isinstance(error, SyntaxError) else str(error)).splitlines()
+  at = f" at line {line}" if line else ""
+  return f"{type(error).__name__}{at}: {message[0] if message else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +307,55 @@ def check_cells(grid: Grid, out: Path) -> dict[str, str]:
   return invalid
 
 
+# compare's own flags for the per-cell fields they set.
+_LIST_FLAGS = {"staleness_bound": "staleness_bounds",
+               "communication_period": "communication_periods",
+               "gossip_probability": "gossip_probabilities"}
+
+
+def _own_flag(error: ConfigError, cell: Cell, args: CompareArgs | None) -> ConfigError:
+  """`error`, raised by the `jaxdl run` config of `cell`, restated with the
+  `jaxdl compare` flag that put the bad value there."""
+  where = f"{error.allowed} (cell {cell.name})"
+  if error.field == "algorithm":
+    return ConfigError("algorithms", cell.variant, where)
+  if error.field == "workers":
+    return ConfigError("workers", cell.workers, where)
+  if error.field == "network":
+    return ConfigError("timing_networks" if cell.timing else "networks", cell.network, where)
+  setting = error.field in dict(cell.overrides) and error.field not in ("out", "dry_run")
+  if setting:  # one of the cell's settings: from a list flag, or from the variant's label
+    plural = _LIST_FLAGS.get(error.field)
+    values = getattr(args, plural, None) if args and plural else None
+    if values and error.value in values:
+      return ConfigError(plural, error.value, where)
+    if args is not None and args.algorithms is None and args.experiment:
+      return ConfigError("experiment", args.experiment, f"{error} (cell {cell.name})")
+    return ConfigError("algorithms", cell.variant, f"{error} (cell {cell.name})")
+  return error  # a shared `jaxdl run` flag, which compare takes as it is
+
+
+def check_grid(grid: Grid, out: Path, args: CompareArgs | None = None) -> None:
+  """Validates every cell's config before any runs (the command line's
+  check): the first bad value is raised, named by compare's own flag."""
+  from jaxdl.config import validate
+  for cell in grid.cells():
+    try:
+      validate(grid.config(cell, out))
+    except ConfigError as e:
+      raise _own_flag(e, cell, args) from None
+
+
+def check_out(out: Path) -> None:
+  """Refuses a comparison directory that cannot be written or that is a
+  single run's directory; leaves nothing."""
+  rundir.check_writable(out)
+  single = [name for name in (rundir.CONFIG, rundir.SUMMARY) if (out / name).exists()]
+  if single:
+    raise ConfigError("out", str(out), f"a comparison directory, not a run directory "
+                      f"(it holds {single[0]}); use a new or empty directory")
+
+
 # ----------------------------------------------------------------- execution
 
 
@@ -346,6 +412,7 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   """Runs the grid's unfinished cells into `out`; returns cells.json's content.
   `experiment`: the file that defines the grid, loaded in each cell's process."""
   out = Path(out)
+  check_out(out)
   cells = grid.cells()
   invalid = check_cells(grid, out)  # a bad shared setting fails here, before any write
   if overwrite and out.exists():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
+import typing
 from typing import Any, Literal
 
 import tyro
@@ -259,6 +261,7 @@ class RunConfig:
       owner = _field_owner()
       fields = _setting_fields(d.get("algorithm", "sgd"))
       d = {k: v for k, v in d.items() if k in owner or k in fields}
+    _check_types(d)
     return cls.make(**d)
 
   @classmethod
@@ -278,6 +281,61 @@ def _field_owner() -> dict[str, str]:
   default = RunConfig()
   return {f.name: section.name for section in dataclasses.fields(default)
           for f in dataclasses.fields(getattr(default, section.name)) if f.name != "settings"}
+
+
+def _field_types() -> dict[str, Any]:
+  """Each section field's flat name -> its type (settings excepted)."""
+  types = {}
+  for section in dataclasses.fields(RunConfig):
+    hints = typing.get_type_hints(section.type if isinstance(section.type, type)
+                                  else type(getattr(RunConfig(), section.name)))
+    types |= {name: hint for name, hint in hints.items() if name != "settings"}
+  return types
+
+
+def _fits(value: Any, hint: Any) -> bool:
+  """Whether a value read from JSON has the type `hint` (an int is a float)."""
+  if hint is Any:
+    return True
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin is Literal:
+    return value in args
+  if origin in (typing.Union, types.UnionType):
+    return any(_fits(value, a) for a in args)
+  if origin is tuple:
+    return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
+  if hint is type(None):
+    return value is None
+  if hint is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if hint is int:
+    return isinstance(value, int) and not isinstance(value, bool)
+  return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_name(hint: Any) -> str:
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin is Literal:
+    return "one of " + ", ".join(map(str, args))
+  if origin in (typing.Union, types.UnionType):
+    return " or ".join(_type_name(a) for a in args)
+  if origin is tuple:
+    return f"a list, each {_type_name(args[0])}"
+  names = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
+           type(None): "null"}
+  return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _check_types(flat: dict[str, Any]) -> None:
+  """Refuses a value of the wrong type in a config file, naming its field."""
+  from jaxdl.algorithms import ALGORITHMS
+  hints = _field_types()
+  algorithm = flat.get("algorithm", "sgd")
+  if isinstance(algorithm, str) and algorithm in ALGORITHMS:
+    hints |= typing.get_type_hints(ALGORITHMS.get(algorithm).settings)
+  for field, value in flat.items():
+    if field in hints and not _fits(value, hints[field]):
+      raise ConfigError(field, value, f"{_type_name(hints[field])} (in the config file)")
 
 
 def _setting_fields(algorithm: str) -> set[str]:
@@ -309,7 +367,7 @@ def validate(config: RunConfig) -> RunConfig:
   """Checks every field that can be checked without data; returns the config."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
-  from jaxdl import data, models, optim
+  from jaxdl import cluster, data, models, optim
 
   c = config.flat()
   for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
@@ -330,6 +388,9 @@ def validate(config: RunConfig) -> RunConfig:
   if c["resume"] and c["overwrite"]:
     raise ConfigError("overwrite", True, "not together with --resume")
   data.check_name(c["dataset"])
+  data.check_image_size(c["dataset"], c["image_size"])
+  cluster.parse_bandwidth(c["network"])
+  cluster.parse_cluster(c["cluster"])
   models.MODELS.get(c["model"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
   batch_sizes(config)

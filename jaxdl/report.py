@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +149,17 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
     run = directory / name
     if not (run / "summary.json").exists():
       continue
-    config = _flat(run / "config.json")
-    summary = json.loads((run / "summary.json").read_text())
-    workers = config["workers"]
-    points = _points(run, summary, workers)
+    try:
+      config = _flat(run / "config.json")
+      summary = json.loads((run / "summary.json").read_text())
+      workers = config["workers"]
+      points = _points(run, summary, workers)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      # a corrupt cell (e.g. a summary.json cut short) costs that cell only
+      print(f"warning: skipping cell {name}: its run files are unreadable "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+            file=sys.stderr)
+      continue
     results.append(CellResult(name, variant or labels.config_label(config), workers,
                               config["network"], bool(config.get("dry_run")), summary,
                               [p for p in points if p["test_accuracy"] is not None],

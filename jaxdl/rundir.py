@@ -56,13 +56,19 @@ def _writable(directory: Path) -> bool:
   return True
 
 
-def check_output(out: Path, resume: bool, overwrite: bool) -> None:
-  """Refuses an output dir that cannot be written or holds another run; leaves nothing."""
+def check_writable(out: Path, field: str = "out") -> None:
+  """Refuses an output dir that is an existing file or cannot be created or
+  written (its nearest existing ancestor is tried); leaves nothing."""
   if out.exists() and not out.is_dir():
-    raise ConfigError("out", str(out), "a directory, not an existing file")
+    raise ConfigError(field, str(out), "a directory, not an existing file")
   existing = out if out.exists() else next(p for p in out.absolute().parents if p.exists())
   if not (existing.is_dir() and _writable(existing)):
-    raise ConfigError("out", str(out), f"a writable directory ({existing} is not writable)")
+    raise ConfigError(field, str(out), f"a writable directory ({existing} is not writable)")
+
+
+def check_output(out: Path, resume: bool, overwrite: bool) -> None:
+  """Refuses an output dir that cannot be written or holds another run; leaves nothing."""
+  check_writable(out)
   if out.exists() and any(out.iterdir()) and not (resume or overwrite):
     raise ConfigError("out", str(out), "a new or empty directory; pass --resume to "
                       "continue the run in it, or --overwrite to replace its run files")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from jaxdl.data import sources
@@ -10,7 +11,7 @@ from jaxdl.data.streams import WorkerStreams, partition_batch
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 
-__all__ = ["DATASETS", "Dataset", "Split", "WorkerStreams", "check_name", "describe_datasets",
+__all__ = ["DATASETS", "Dataset", "Split", "WorkerStreams", "check_image_size", "check_name", "describe_datasets",
            "load_dataset", "partition_batch"]
 
 
@@ -49,6 +50,31 @@ def check_name(name: str) -> None:
         DATASETS.names() + [prefixed for prefixed, _ in _PREFIXED]))
 
 
+SYNTHETIC_MAX_BYTES = 4 * 2**30
+"""The synthetic set is drawn lazily, image by image; its largest array is an
+evaluation batch of 1000 float32 images, which --image-size N (N x N x 3)
+must keep within this many bytes: N <= 598."""
+SYNTHETIC_EVAL_BATCH = 1000
+
+
+def synthetic_max_size() -> int:
+  """The largest --image-size of the synthetic dataset (SYNTHETIC_MAX_BYTES)."""
+  return math.isqrt(SYNTHETIC_MAX_BYTES // (SYNTHETIC_EVAL_BATCH * 3 * 4))
+
+
+def check_image_size(name: str, image_size: int | None) -> None:
+  """Refuses a synthetic --image-size whose images would not fit in memory
+  (SYNTHETIC_MAX_BYTES), from the shape alone."""
+  if name != "synthetic" or not isinstance(image_size, int) or image_size < 1:
+    return
+  batch_bytes = SYNTHETIC_EVAL_BATCH * image_size * image_size * 3 * 4
+  if batch_bytes > SYNTHETIC_MAX_BYTES:
+    raise ConfigError("image_size", image_size, f"at most {synthetic_max_size()} for "
+                      f"--dataset synthetic ({SYNTHETIC_EVAL_BATCH} float32 images of "
+                      f"{image_size}x{image_size}x3 take {batch_bytes / 2**30:.0f} GiB; "
+                      f"the limit is {SYNTHETIC_MAX_BYTES // 2**30} GiB)")
+
+
 def load_dataset(name: str, data_dir: str | None = None,
                  image_size: int | None = None,
                  synthetic_shape: tuple[int, ...] = (32, 32, 3),
@@ -60,6 +86,7 @@ def load_dataset(name: str, data_dir: str | None = None,
   """
   if name.startswith("tfds:") and name[5:]:
     return sources.load_tfds(name[5:], data_dir, image_size)
+  check_image_size(name, image_size)
   if name == "synthetic" and image_size is not None:
     synthetic_shape = (image_size, image_size, 3)
   elif image_size is not None:

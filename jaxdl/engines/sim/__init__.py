@@ -86,6 +86,50 @@ def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
   raise TypeError(f"no schedule for {type(algorithm).__name__}")
 
 
+# The event kinds that can drive each shape's math (jaxdl.trace).
+REPLAY_KINDS = ((Collective, ("step", "wait")), (Centralized, ("pull", "apply", "wait")),
+                (Elastic, ("local", "exchange", "wait")),
+                (Gossip, ("local", "send", "gossip", "wait")),
+                (Decentralized, ("pull", "average", "apply", "wait")))
+
+
+def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Event]:
+  """The events of a recorded trace.jsonl, checked against the algorithm's
+  shape and the worker count; a ConfigError on "replay" names what is wrong."""
+  try:
+    with open(path) as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise ConfigError("replay", path, f"a readable trace.jsonl ({e})") from None
+  events = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      event = trace.Event.from_json(line)
+      if event.kind not in trace.KINDS:
+        raise ValueError(f"unknown kind {event.kind!r}")
+    except (ValueError, TypeError) as e:
+      raise ConfigError("replay", path, f"a trace.jsonl of events, one JSON object a "
+                        f"line (line {number}: {str(e).splitlines()[0]})") from None
+    events.append(event)
+  allowed = next(kinds for shape, kinds in REPLAY_KINDS if isinstance(algorithm, shape))
+  wrong = sorted({e.kind for e in events} - set(allowed))
+  if wrong:
+    shape = type(algorithm).__name__.lower()
+    raise ConfigError("replay", path, f"a trace of {shape} events ({', '.join(allowed)}) "
+                      f"for this algorithm, not one with {', '.join(wrong)} events")
+  named = {w for e in events for w in (e.worker, e.peer) if w != -1}
+  outside = sorted(w for w in named if not 0 <= w < num_workers)
+  if outside:
+    raise ConfigError("replay", path, f"a trace of workers 0..{num_workers - 1} "
+                      f"(--workers {num_workers}); it names worker {outside[0]}")
+  if not isinstance(algorithm, Collective) and named != set(range(num_workers)):
+    raise ConfigError("replay", path, f"a trace of workers 0..{num_workers - 1} "
+                      f"(--workers {num_workers}); it names {len(named)} workers")
+  return events
+
+
 class SimEngine:
   """Runs any algorithm along a simulated schedule; one step = M updates."""
   name = "sim"
@@ -97,7 +141,7 @@ class SimEngine:
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
     if config.output.replay:
-      self.events = list(trace.read_trace(config.output.replay))
+      self.events = read_replay(config.output.replay, algorithm, self.num_workers)
       self.bytes_total = None
     else:
       self.cost = cost_model(config, problem, streams)

@@ -1,0 +1,236 @@
+"""Bad input on the command line: one line naming the flag, exit code 2, no
+traceback, and nothing written (no run or comparison directory made, an
+existing one left as it was)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import jaxdl
+from jaxdl.cli import main
+from jaxdl.config import RunConfig
+from jaxdl.data import SYNTHETIC_MAX_BYTES, synthetic_max_size
+
+RUN = ["run", "--model", "mlp", "--steps", "2", "--no-progress"]
+COMPARE = ["compare", "--workers", "2", "--steps", "2", "--model", "mlp", "--no-progress",
+           "--no-report", "--jobs", "1"]
+
+
+@pytest.fixture(scope="module")
+def asp_run(tmp_path_factory) -> Path:
+  """A finished 4-worker asp run on the sim engine: its trace.jsonl has pull/apply events."""
+  out = tmp_path_factory.mktemp("asp") / "asp-m4"
+  jaxdl.run(RunConfig.make(model="mlp", steps=4, algorithm="asp", engine="sim", workers=4,
+                           out=str(out), progress=False))
+  return out
+
+
+def _snapshot(path: Path):
+  if not path.exists():
+    return None
+  if path.is_file():
+    return path.read_bytes()
+  return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(path.rglob("*"))}
+
+
+def refused(capsys, argv: list[str], flag: str, out: Path) -> str:
+  """Runs the CLI; asserts the one-line refusal naming `flag`, and `out` untouched."""
+  before = _snapshot(out)
+  code = main(argv)
+  captured = capsys.readouterr()
+  lines = captured.err.strip().splitlines()
+  assert code == 2, captured.err
+  assert len(lines) == 1, captured.err
+  assert flag + "=" in lines[0] and "is not valid" in lines[0], lines[0]
+  assert "Traceback" not in captured.err + captured.out
+  assert _snapshot(out) == before  # nothing made, nothing changed
+  return lines[0]
+
+
+# ---------------------------------------------------------------- --out
+
+
+def test_run_out_unwritable(capsys):
+  line = refused(capsys, [*RUN, "--out", "/proc/x"], "--out", Path("/proc/x"))
+  assert "writable" in line
+
+
+def test_compare_out_unwritable(capsys):
+  refused(capsys, [*COMPARE, "--algorithms", "asp", "--out", "/proc/x"], "--out",
+          Path("/proc/x"))
+
+
+def test_compare_out_existing_file(capsys, tmp_path):
+  out = tmp_path / "file"
+  out.write_text("keep me\n")
+  line = refused(capsys, [*COMPARE, "--algorithms", "asp", "--out", str(out)], "--out", out)
+  assert "not an existing file" in line
+
+
+def test_compare_out_a_single_run_directory(capsys, asp_run):
+  line = refused(capsys, [*COMPARE, "--algorithms", "asp", "--out", str(asp_run)], "--out",
+                 asp_run)
+  assert "not a run directory" in line and "config.json" in line
+
+
+# ---------------------------------------------------------------- --replay
+
+
+def _replay(out: Path, trace: Path, *flags: str) -> list[str]:
+  return [*RUN, "--engine", "sim", "--out", str(out), "--replay", str(trace), *flags]
+
+
+def test_replay_missing_file(capsys, tmp_path):
+  out = tmp_path / "run"
+  line = refused(capsys, _replay(out, tmp_path / "missing.jsonl", "--algorithm", "asp",
+                                 "--workers", "4"), "--replay", out)
+  assert "readable" in line
+
+
+def test_replay_not_json_lines(capsys, tmp_path):
+  trace = tmp_path / "trace.jsonl"
+  trace.write_text('{"time": 0.0, "kind": "pull", "worker": 0}\nnot json\n')
+  out = tmp_path / "run"
+  line = refused(capsys, _replay(out, trace, "--algorithm", "asp", "--workers", "4"),
+                 "--replay", out)
+  assert "line 2" in line
+
+
+def test_replay_unknown_event_fields(capsys, tmp_path):
+  trace = tmp_path / "trace.jsonl"
+  trace.write_text('{"time": 0.0, "kind": "pull", "worker": 0, "colour": 1}\n')
+  out = tmp_path / "run"
+  refused(capsys, _replay(out, trace, "--algorithm", "asp", "--workers", "4"), "--replay", out)
+
+
+def test_replay_of_another_shape(capsys, tmp_path, asp_run):
+  # Today's traceback came from the first step, after the run directory was made.
+  out = tmp_path / "run"
+  line = refused(capsys, _replay(out, asp_run / "trace.jsonl", "--algorithm", "local_sgd",
+                                 "--workers", "4"), "--replay", out)
+  assert "step" in line and "pull" in line
+
+
+def test_replay_with_more_workers_than_the_trace(capsys, tmp_path, asp_run):
+  out = tmp_path / "run"
+  line = refused(capsys, _replay(out, asp_run / "trace.jsonl", "--algorithm", "asp",
+                                 "--workers", "8"), "--replay", out)
+  assert "0..7" in line
+
+
+def test_replay_with_fewer_workers_than_the_trace(capsys, tmp_path, asp_run):
+  out = tmp_path / "run"
+  line = refused(capsys, _replay(out, asp_run / "trace.jsonl", "--algorithm", "asp",
+                                 "--workers", "2"), "--replay", out)
+  assert "worker 2" in line
+
+
+def test_replay_of_a_matching_trace_still_runs(tmp_path, asp_run):
+  # The checks refuse only what cannot drive the math: asp's own trace replays.
+  summary = jaxdl.run(RunConfig.make(model="mlp", steps=2, algorithm="asp", engine="sim",
+                                     workers=4, out=str(tmp_path / "run"), progress=False,
+                                     replay=str(asp_run / "trace.jsonl")))
+  assert summary["status"] == "completed" and summary["steps"] == 2
+
+
+# ---------------------------------------------------------------- --experiment
+
+
+@pytest.mark.parametrize("text, line", [("x = 1\nGRID = (\n", 2),
+                                        ("import json\n\nraise RuntimeError('boom')\n", 3)])
+def test_experiment_that_does_not_run(capsys, tmp_path, text, line):
+  experiment = tmp_path / "experiment.py"
+  experiment.write_text(text)
+  out = tmp_path / "cmp"
+  message = refused(capsys, [*COMPARE, "--experiment", str(experiment), "--out", str(out)],
+                    "--experiment", out)
+  assert f"line {line}" in message
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_report_skips_a_corrupt_cell(capsys, tmp_path, asp_run):
+  directory = tmp_path / "cmp"
+  shutil.copytree(asp_run, directory / "asp-m4")
+  broken = directory / "asp-m8"
+  shutil.copytree(asp_run, broken)
+  config = json.loads((broken / "config.json").read_text())
+  config["algorithm"]["workers"] = 8
+  (broken / "config.json").write_text(json.dumps(config))
+  (broken / "summary.json").write_text('{"status": "comp')  # cut short
+  code = main(["report", str(directory)])
+  captured = capsys.readouterr()
+  assert code == 0, captured.err
+  lines = captured.err.strip().splitlines()
+  assert len(lines) == 1 and "asp-m8" in lines[0] and "skipping" in lines[0], captured.err
+  assert "Traceback" not in captured.err
+  assert (directory / "report.md").exists()
+  assert "| 4 " in captured.out or " 4 " in captured.out  # the good cell is reported
+
+
+# ---------------------------------------------------------------- --config
+
+
+def test_config_with_a_wrong_type(capsys, tmp_path):
+  path = tmp_path / "config.json"
+  path.write_text('{"lr": "abc"}')
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--config", str(path), "--out", str(out)], "--lr", out)
+  assert "'abc'" in line
+
+
+def test_config_with_a_wrong_setting_type(capsys, tmp_path):
+  path = tmp_path / "config.json"
+  path.write_text('{"algorithm": "ssp", "staleness_bound": "3"}')
+  out = tmp_path / "run"
+  refused(capsys, [*RUN, "--config", str(path), "--out", str(out)], "--staleness-bound", out)
+
+
+def test_config_holding_a_list(capsys, tmp_path):
+  path = tmp_path / "config.json"
+  path.write_text("[1, 2]")
+  out = tmp_path / "run"
+  refused(capsys, [*RUN, "--config", str(path), "--out", str(out)], "--config", out)
+
+
+def test_a_written_config_still_loads(tmp_path, asp_run):
+  stored = RunConfig.load(str(asp_run / "config.json"))
+  assert stored.algorithm.workers == 4 and stored.settings() == RunConfig.make(
+      algorithm="asp").settings()
+
+
+# ---------------------------------------------------------------- --image-size
+
+
+def test_synthetic_image_size_too_large(capsys, tmp_path):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--dataset", "synthetic", "--image-size", "100000", "--out",
+                          str(out)], "--image-size", out)
+  largest = synthetic_max_size()
+  assert f"at most {largest}" in line
+  # the limit is the documented bytes: an evaluation batch of 1000 float32 images
+  assert 1000 * largest**2 * 3 * 4 <= SYNTHETIC_MAX_BYTES < 1000 * (largest + 1)**2 * 3 * 4
+
+
+# ---------------------------------------------------------------- compare's grid
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--algorithms", "foo"], "--algorithms"),
+    (["--algorithms", "ssp_sx"], "--algorithms"),
+    (["--algorithms", "asp", "--networks", "foo"], "--networks"),
+    (["--algorithms", "asp", "--timing-networks", "foo"], "--timing-networks"),
+    (["--algorithms", "ssp", "--staleness-bounds", "-1"], "--staleness-bounds"),
+    (["--algorithms", "gosgd", "--gossip-probabilities", "5"], "--gossip-probabilities"),
+    (["--algorithms", "ssp_s-1"], "--algorithms"),
+    (["--algorithms", "asp", "--network", "foo"], "--network"),
+])
+def test_compare_validates_the_whole_grid_first(capsys, tmp_path, flags, flag):
+  out = tmp_path / "cmp"
+  line = refused(capsys, [*COMPARE, *flags, "--out", str(out)], flag, out)
+  assert "--algorithm=" not in line  # compare's own flag, not `jaxdl run`'s
