@@ -66,14 +66,17 @@ GRID = grid(os.environ.get("JAXDL_SCALE", "mini"))
 
 
 def accuracies(out: Path, scale: str, workers: int) -> dict:
-  """{label: {(batch, lr): test accuracy}} of the finished cells in `out`."""
+  """{label: {(batch, lr): test accuracy, or None if the run diverged}} of
+  the finished cells in `out`."""
   s, acc = SCALES[scale], {}
   for label, *_ in ALGORITHMS:
     for b in s["batches"]:
       for lr in s["lrs"]:
         summary = out / f"{name(label, lr, b)}-m{workers}" / "summary.json"
         if summary.exists():
-          acc.setdefault(label, {})[b, lr] = json.loads(summary.read_text())["test_accuracy"]
+          result = json.loads(summary.read_text())
+          acc.setdefault(label, {})[b, lr] = (None if result.get("status") == "diverged"
+                                               else result["test_accuracy"])
   return acc
 
 
@@ -81,13 +84,19 @@ def write(out: Path, scale: str, workers: int) -> None:
   """sensitivity.md and sensitivity.png of the finished cells."""
   s, acc = SCALES[scale], accuracies(out, scale, workers)
   lines = [f"# Test accuracy over lr x batch per worker, {workers} workers ({scale})\n"]
+  cell = lambda v: "diverged" if v is None else f"{v:.4f}"
   for label, table in acc.items():
-    values = list(table.values())
-    lines += [f"\n### {label}: best {max(values):.4f}, worst {min(values):.4f}, "
-              f"spread {max(values) - min(values):.4f}, mean {sum(values) / len(values):.4f}\n",
+    values = [v for v in table.values() if v is not None]
+    diverged = len(table) - len(values)
+    stats = (f"best {max(values):.4f}, worst {min(values):.4f}, spread "
+             f"{max(values) - min(values):.4f}, mean {sum(values) / len(values):.4f}"
+             if values else "no completed cell")
+    if diverged:
+      stats += f" (of the {len(values)} completed cells; {diverged} diverged)"
+    lines += [f"\n### {label}: {stats}\n",
               "| batch \\ lr | " + " | ".join(f"{lr:g}" for lr in s["lrs"]) + " |",
               "|---|" + "---|" * len(s["lrs"])]
-    lines += [f"| {b} | " + " | ".join(f"{table[b, lr]:.4f}" if (b, lr) in table else "—"
+    lines += [f"| {b} | " + " | ".join(cell(table[b, lr]) if (b, lr) in table else "—"
                                        for lr in s["lrs"]) + " |" for b in s["batches"]]
   (out / "sensitivity.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
@@ -97,12 +106,14 @@ def write(out: Path, scale: str, workers: int) -> None:
   import numpy as np
   fig, axes = plt.subplots(1, len(acc), figsize=(3.2 * len(acc), 3.2), squeeze=False)
   for ax, (label, table) in zip(axes[0], acc.items()):
-    grid_ = np.array([[table.get((b, lr), np.nan) for lr in s["lrs"]] for b in s["batches"]])
+    grid_ = np.array([[np.nan if table.get((b, lr)) is None else table[b, lr]
+                       for lr in s["lrs"]] for b in s["batches"]])
     image = ax.imshow(grid_, vmin=0.5, vmax=1.0, cmap="viridis", origin="lower")
     for i in range(len(s["batches"])):
       for j in range(len(s["lrs"])):
-        ax.text(j, i, f"{grid_[i, j]:.2f}", ha="center", va="center", fontsize=8,
-                color="k" if grid_[i, j] > 0.8 else "w")
+        diverged = (s["batches"][i], s["lrs"][j]) in table and np.isnan(grid_[i, j])
+        ax.text(j, i, "div." if diverged else f"{grid_[i, j]:.2f}", ha="center",
+                va="center", fontsize=8, color="k" if grid_[i, j] > 0.8 else "w")
     ax.set_xticks(range(len(s["lrs"])), [f"{lr:g}" for lr in s["lrs"]])
     ax.set_yticks(range(len(s["batches"])), [str(b) for b in s["batches"]])
     ax.set_xlabel("learning rate")
