@@ -131,7 +131,8 @@ def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Eve
 
 
 class SimEngine:
-  """Runs any algorithm along a simulated schedule; one step = M updates."""
+  """Runs any algorithm along a simulated schedule; a step is a global batch of
+  samples (jaxdl.trace)."""
   name = "sim"
   shapes = SHAPES
 
