@@ -90,7 +90,7 @@ def _compare(args: list[str]) -> int:
 
   from jaxdl import compare, flags
   from jaxdl.config import RunConfig
-  from jaxdl.report import Report
+  from jaxdl.report import Report, check_target
 
   opts, rest = tyro.cli(compare.CompareArgs, args=_split_lists(args, COMPARE_LIST_FLAGS),
                         return_unknown_args=True, prog="jaxdl compare")
@@ -102,6 +102,7 @@ def _compare(args: list[str]) -> int:
     run_flags = {k: v for k, v in given.flat().items() if v != base.flat().get(k)}
     run_flags.update(settings)
   grid = compare.apply_args(grid, opts, run_flags)
+  check_target(opts.target_accuracy)
   compare.check_out(Path(opts.out))
   compare.check_grid(grid, Path(opts.out), opts)  # every cell, before the first runs
   status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,

@@ -377,6 +377,8 @@ def validate(config: RunConfig) -> RunConfig:
   for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay"):
     _positive(field, c[field], zero=True)
   _positive("momentum", c["momentum"], zero=True, allow_none=True)
+  if c["momentum"] is not None and not c["momentum"] < 1:
+    raise ConfigError("momentum", c["momentum"], "a number in [0, 1), or unset")
   if not 0 < c["bn_decay"] <= 1:
     raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
   if not 0 < c["lr_decay"] <= 1:

@@ -30,6 +30,7 @@ import tyro
 from jaxdl import labels, trace
 from jaxdl.plots import ratio, write_all
 from jaxdl.compare import CELLS_FILE, GRID_FILE
+from jaxdl.errors import ConfigError
 
 BASELINE = "sgd"
 REPORT = "report.md"
@@ -195,11 +196,19 @@ def _workers(cells: list[CellResult]) -> list[int]:
   return sorted({c.workers for c in cells})
 
 
+def check_target(target_accuracy: float | None) -> None:
+  """--target-accuracy: unset, or an accuracy in (0, 1]."""
+  t = target_accuracy
+  if t is not None and not (math.isfinite(t) and 0 < t <= 1):
+    raise ConfigError("target_accuracy", t, "an accuracy in (0, 1], or unset (95% of SGD's)")
+
+
 class Report:
   """Tables and plots of one comparison directory."""
   baseline_variant = BASELINE
 
   def __init__(self, directory: str | Path, target_accuracy: float | None = None):
+    check_target(target_accuracy)
     self.directory = Path(directory)
     cells, self.status = load(self.directory)
     self.train = [c for c in cells if not c.timing]

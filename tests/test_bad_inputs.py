@@ -234,3 +234,21 @@ def test_compare_validates_the_whole_grid_first(capsys, tmp_path, flags, flag):
   out = tmp_path / "cmp"
   line = refused(capsys, [*COMPARE, *flags, "--out", str(out)], flag, out)
   assert "--algorithm=" not in line  # compare's own flag, not `jaxdl run`'s
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "nan"])
+def test_compare_refuses_a_target_accuracy_out_of_range(tmp_path, capsys, value):
+  out = tmp_path / "cmp"
+  assert main(["compare", "--out", str(out), "--target-accuracy", value]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--target-accuracy" in err[0] and "(0, 1]" in err[0]
+  assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["1", "1.5"])
+def test_run_refuses_a_momentum_of_one_or_more(tmp_path, capsys, value):
+  out = tmp_path / "run"
+  assert main(["run", "--out", str(out), "--momentum", value]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--momentum" in err[0] and "[0, 1)" in err[0]
+  assert not out.exists()
