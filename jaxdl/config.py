@@ -403,7 +403,7 @@ def validate(config: RunConfig) -> RunConfig:
 def resolve(config: RunConfig):
   """The algorithm's registry entry and the name of the engine that runs it,
   checked against the rest of the config."""
-  from jaxdl.algorithms import ALGORITHMS, async_bn
+  from jaxdl.algorithms import ALGORITHMS, Collective, async_bn
   from jaxdl.engines import engines_for
 
   cfg = config.algorithm
@@ -426,6 +426,9 @@ def resolve(config: RunConfig):
     spec.check(settings, config)
   if cfg.async_bn:
     async_bn.check(spec.shape, spec.name)
+  if cfg.sync_bn and spec.shape is not Collective:
+    raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
+                      f"local_sgd): {spec.name}'s workers share no batch statistics")
   return spec, engine
 
 

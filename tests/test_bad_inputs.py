@@ -252,3 +252,14 @@ def test_run_refuses_a_momentum_of_one_or_more(tmp_path, capsys, value):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "--momentum" in err[0] and "[0, 1)" in err[0]
   assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--algorithm", "asp", "--sync-bn"], "--sync-bn"),
+])
+def test_a_flag_the_run_would_not_use_is_refused(tmp_path, capsys, flags, field):
+  out = tmp_path / "run"
+  assert main(["run", "--out", str(out), "--model", "mlp", "--steps", "2", *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and field in err[0]
+  assert not out.exists()
