@@ -168,6 +168,13 @@ def _list(args: list[str]) -> int:
     if spec.optim_rule:
       rows.append(("  --lr, --momentum", spec.optim_rule))
   sections.append(("algorithms (--algorithm) and their settings", rows))
+  from jaxdl.cluster import DEFAULT_UTILIZATION, DEVICE_PROFILES
+  sections.append(("simulated devices (--cluster [COUNTx]PROFILE, sim engine)", [
+      (name, f"{flops / 1e12:g} TFLOP/s peak, {DEFAULT_UTILIZATION:.0%} of it per step")
+      for name, flops in DEVICE_PROFILES.items()]))
+  sections.append(("networks (--network, sim engine)", [
+      ("10gbps, 56gbps, 100mbps", "link bandwidth per worker and per server shard: "
+       "bits (gbps, mbps, gbit) or bytes (GB/s)")]))
   sections.append(("engines (--engine)", [
       (name, f"{ENGINES.doc(name)} [shapes: "
              f"{', '.join(s.__name__.lower() for s in ENGINES.get(name).shapes)}]")

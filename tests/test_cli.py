@@ -12,6 +12,7 @@ import pytest
 import jaxdl
 from jaxdl.algorithms import ALGORITHMS, settings_owners
 from jaxdl.cli import main
+from jaxdl.cluster import DEVICE_PROFILES
 from jaxdl.config import RunConfig
 from jaxdl.engines import engines_for
 
@@ -54,6 +55,10 @@ def test_list_prints_every_registry(capsys):
   ssp = lines.index(next(l for l in lines if l.split()[:1] == ["ssp"]))
   assert lines[ssp + 1].split()[:2] == ["--staleness-bound", "3"]
   assert "SSP's bound s" in lines[ssp + 1]
+  assert "max(0, 0.9 - (1 - 1/M))" in lines[ssp + 2]  # the parameter servers' defaults
+  profiles = out.split("simulated devices")[1].split("networks (--network")[0]
+  for profile in DEVICE_PROFILES:  # every --cluster profile, rtx-3070 included
+    assert f"\n  {profile} " in profiles, profile
 
 
 @pytest.mark.parametrize("args,field", [
