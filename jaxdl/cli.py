@@ -69,7 +69,7 @@ def _run(args: list[str]) -> int:
   from jaxdl.runner import default_out, run
 
   config = _parse_run_config(args)
-  summary = run(config)
+  summary = run(config, announce=lambda out: print(f"run directory: {out}", flush=True))
   keys = ("test_accuracy", "test_loss", "train_loss", "steps", "wall_time_s",
           "samples_per_s", "simulated_time_s", "samples_per_simulated_s", "staleness_mean",
           "bytes_total", "params_fingerprint")
@@ -82,6 +82,7 @@ def _run(args: list[str]) -> int:
     print(f"jaxdl run: diverged: {summary['divergence']}; stopped at step {summary['steps']} "
           f"(no checkpoint of the diverged state; {out / 'summary.json'})", file=sys.stderr)
     return EXIT_DIVERGED
+  print(f"summary: {Path(config.output.out or default_out(config)) / 'summary.json'}")
   return 0
 
 

@@ -111,8 +111,11 @@ class Evaluator:
             "test_loss": float(total["loss_sum"] / total["count"])}
 
 
-def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
+def run(config: RunConfig | None = None, *, announce: Callable[[Path], None] | None = None,
+        **overrides: Any) -> dict[str, Any]:
   """Trains as `config` says and returns the run's summary (also in summary.json).
+  `announce(run_directory)` is called once the config is accepted, before
+  training (the CLI prints it).
 
   ``jaxdl.run(RunConfig.make(dataset="digits", epochs=5))`` or
   ``jaxdl.run(dataset="digits", epochs=5)``. Bad input raises ConfigError
@@ -142,6 +145,8 @@ def run(config: RunConfig | None = None, **overrides: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     rundir.write_json(out / rundir.CONFIG,
                       {**config.to_dict(), ENVIRONMENT: rundir.environment()})
+    if announce is not None:
+      announce(out)
   if config.output.dry_run:
     return _dry_run(built, out)
   return _Training(built, out, resuming).run()

@@ -217,3 +217,11 @@ def test_list_flags_take_commas_or_spaces():
                ["--batch-sizes", "32", "48", "48"]):
     assert _parse_run_config(args).data.batch_sizes == (32, 48, 48)
   assert _parse_run_config(["--worker-speeds", "1,1.5"]).cluster.worker_speeds == (1.0, 1.5)
+
+
+def test_run_prints_its_directory_first_and_its_summary_last(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert main(["run", "--out", str(out), *QUICK]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[0] == f"run directory: {out}"
+  assert lines[-1] == f"summary: {out / 'summary.json'}" and (out / "summary.json").exists()
