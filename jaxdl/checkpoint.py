@@ -53,8 +53,10 @@ class Checkpointer:
         return restored.state, meta
       except Exception as e:  # orbax and tensorstore raise many types
         aside = self.directory.with_name(self.directory.name + ".corrupt") / str(step)
-        warnings.warn(f"checkpoint {self.directory / str(step)} is unreadable ({e}); "
-                      f"moved to {aside}, trying the one before it", stacklevel=2)
+        # The first line of the cause: tensorstore's errors run to dozens of lines.
+        cause = (str(e).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"checkpoint of step {step} is unreadable ({type(e).__name__}: {cause})"
+                      f"\nmoved it to {aside}; resuming from the one before it", stacklevel=2)
         self._manager.close()
         aside.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(self.directory / str(step), aside)

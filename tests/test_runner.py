@@ -94,8 +94,10 @@ def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tmp_path):
   kept = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
   assert kept == [60, 88]
   _corrupt(out / "checkpoints" / "88")
-  with pytest.warns(UserWarning, match="88.*unreadable"):
+  with pytest.warns(UserWarning, match="step 88 is unreadable") as caught:
     resumed = jaxdl.run(config.replace(resume=True))
+  message = str(next(w.message for w in caught if "unreadable" in str(w.message)))
+  assert len(message.splitlines()) == 2 and "checkpoints.corrupt" in message  # two lines
   assert resumed["params_fingerprint"] == reference["params_fingerprint"]
   assert (out / "checkpoints.corrupt" / "88").is_dir()  # set aside, not deleted
   assert (out / "checkpoints" / "60").is_dir()
