@@ -3,8 +3,8 @@
   python experiments/quickstart.py [--out runs/quickstart]
 
 Each run is a normal run directory under --out; the table compares test
-accuracy, simulated or wall time and staleness. `jaxdl compare` (to come)
-does this at scale; this file shows the Python API it is built on.
+accuracy, simulated or wall time and staleness. `jaxdl compare` does this
+at scale (grids, reports, plots); this file shows the Python API it is built on.
 """
 from __future__ import annotations
 
