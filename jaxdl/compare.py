@@ -426,8 +426,10 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   todo = []
   for cell in cells:
     summary_path = out / cell.name / "summary.json"
-    if summary_path.exists():
-      status[cell.name] = {**outcome(json.loads(summary_path.read_text())), "skipped": True}
+    if summary_path.exists():  # its record as the run that made it left it
+      summary = json.loads(summary_path.read_text())
+      status[cell.name] = {**outcome(summary), "seconds": summary.get("wall_time_s"),
+                           "skipped": True}
     elif cell.name in invalid:
       status[cell.name] = {"status": "failed", "error": invalid[cell.name]}
     else:

@@ -111,6 +111,9 @@ def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
   mtimes = {n: (out / n / "summary.json").stat().st_mtime_ns for n in done}
   again = compare.run_grid(TINY, out, jobs=2, progress=False)
   assert {n for n, s in again.items() if s.get("skipped")} == done
+  for name in ("sgd-m1", "asp-m2"):  # a skipped cell keeps its accuracy and seconds
+    assert again[name]["test_accuracy"] == status[name]["test_accuracy"]
+    assert again[name]["seconds"] > 0
   assert {n: (out / n / "summary.json").stat().st_mtime_ns for n in done} == mtimes
   assert again["asp-m16"]["status"] == "failed"  # failed cells are tried again
 
@@ -155,4 +158,5 @@ def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
   assert main(args) == 0  # the rerun skips it, still diverged
   again = strict(out / "cells.json")["asp-m2"]
   assert again == {"status": "diverged", "divergence": cells["asp-m2"]["divergence"],
+                   "seconds": strict(out / "asp-m2" / "summary.json")["wall_time_s"],
                    "skipped": True}
