@@ -308,12 +308,12 @@ class _Training:
   def _trace(self) -> list[trace.Event]:
     """The run's events from step 0. An engine's trace holds either the
     whole run (a simulated schedule) or this process's steps (a real run's
-    wall times, which continue the resumed run's clock)."""
+    wall times, which continue after the resumed run's last event)."""
     current = list(self.s.engine.trace())
     if current[:len(self.previous)] == self.previous:
       return current
-    return self.previous + [dataclasses.replace(e, time=e.time + self.wall_offset)
-                            for e in current]
+    offset = self.previous[-1].time  # this process's clock starts after the last event
+    return self.previous + [dataclasses.replace(e, time=e.time + offset) for e in current]
 
   def _checkpoint(self, step: int) -> None:
     # The trace first: a checkpoint's steps are then always in trace.jsonl.
