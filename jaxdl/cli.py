@@ -104,10 +104,8 @@ def _compare(args: list[str]) -> int:
     run_flags.update(settings)
   grid = compare.apply_args(grid, opts, run_flags)
   check_target(opts.target_accuracy)
-  compare.check_out(Path(opts.out))
-  compare.check_grid(grid, Path(opts.out), opts)  # every cell, before the first runs
   status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,
-                            progress=opts.progress, experiment=opts.experiment)
+                            progress=opts.progress, experiment=opts.experiment, args=opts)
   report = Report(opts.out, opts.target_accuracy)
   print(report.tables())
   if opts.report:

@@ -290,9 +290,11 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   return grid.with_run(**run_flags) if run_flags else grid
 
 
-def check_cells(grid: Grid, out: Path) -> dict[str, str]:
-  """Validates every cell's config; returns the cells that cannot run, with
-  why. An error in a shared setting is raised: no cell could run."""
+def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[str, str]:
+  """Validates every cell's config before any runs; returns the cells that
+  cannot run, with why. An error in a shared setting is raised: no cell could
+  run. With `args` (the command line's), the first bad cell is raised too,
+  named by compare's own flag."""
   from jaxdl.config import validate
   from jaxdl.algorithms import settings_owners
   per_cell = {"algorithm", "workers", "network", *settings_owners()}
@@ -301,6 +303,8 @@ def check_cells(grid: Grid, out: Path) -> dict[str, str]:
     try:
       validate(grid.config(cell, out))
     except ConfigError as e:
+      if args is not None:
+        raise _own_flag(e, cell, args) from None
       if e.field not in per_cell and e.field not in cell.overrides:
         raise
       invalid[cell.name] = f"ConfigError: {e}"
@@ -333,17 +337,6 @@ def _own_flag(error: ConfigError, cell: Cell, args: CompareArgs | None) -> Confi
       return ConfigError("experiment", args.experiment, f"{error} (cell {cell.name})")
     return ConfigError("algorithms", cell.variant, f"{error} (cell {cell.name})")
   return error  # a shared `jaxdl run` flag, which compare takes as it is
-
-
-def check_grid(grid: Grid, out: Path, args: CompareArgs | None = None) -> None:
-  """Validates every cell's config before any runs (the command line's
-  check): the first bad value is raised, named by compare's own flag."""
-  from jaxdl.config import validate
-  for cell in grid.cells():
-    try:
-      validate(grid.config(cell, out))
-    except ConfigError as e:
-      raise _own_flag(e, cell, args) from None
 
 
 def check_out(out: Path) -> None:
@@ -408,13 +401,15 @@ def _check_existing(grid: Grid, cells: list[Cell], out: Path) -> None:
 
 def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
              overwrite: bool = False, progress: bool = True,
-             experiment: str | None = None) -> dict[str, dict]:
+             experiment: str | None = None,
+             args: CompareArgs | None = None) -> dict[str, dict]:
   """Runs the grid's unfinished cells into `out`; returns cells.json's content.
-  `experiment`: the file that defines the grid, loaded in each cell's process."""
+  `experiment`: the file that defines the grid, loaded in each cell's process.
+  `args`: the command line's, which makes any bad cell an error (check_cells)."""
   out = Path(out)
   check_out(out)
   cells = grid.cells()
-  invalid = check_cells(grid, out)  # a bad shared setting fails here, before any write
+  invalid = check_cells(grid, out, args)  # a bad shared setting fails here, before any write
   if overwrite and out.exists():
     for cell in cells:
       shutil.rmtree(out / cell.name, ignore_errors=True)
