@@ -81,10 +81,19 @@ def write_trace(path, events: Iterable[Event]) -> None:
 
 
 def read_trace(path) -> Iterator[Event]:
+  """The events of a trace.jsonl; a ValueError names the first line that is
+  not an event."""
   with open(path) as f:
-    for line in f:
-      if line.strip():
-        yield Event.from_json(line)
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        event = Event.from_json(line)
+      except (ValueError, TypeError) as e:
+        raise ValueError(f"line {number}: {str(e).splitlines()[0]}") from None
+      if event.kind not in KINDS:
+        raise ValueError(f"line {number}: unknown kind {event.kind!r}")
+      yield event
 
 
 def step_ends(events: Sequence[Event], batch_sizes: Sequence[int] | int) -> list[int]:

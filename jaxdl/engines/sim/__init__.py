@@ -97,22 +97,12 @@ def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Eve
   """The events of a recorded trace.jsonl, checked against the algorithm's
   shape and the worker count; a ConfigError on "replay" names what is wrong."""
   try:
-    with open(path) as f:
-      lines = f.read().splitlines()
+    events = list(trace.read_trace(path))
   except (OSError, UnicodeDecodeError) as e:
     raise ConfigError("replay", path, f"a readable trace.jsonl ({e})") from None
-  events = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      event = trace.Event.from_json(line)
-      if event.kind not in trace.KINDS:
-        raise ValueError(f"unknown kind {event.kind!r}")
-    except (ValueError, TypeError) as e:
-      raise ConfigError("replay", path, f"a trace.jsonl of events, one JSON object a "
-                        f"line (line {number}: {str(e).splitlines()[0]})") from None
-    events.append(event)
+  except ValueError as e:
+    raise ConfigError("replay", path,
+                      f"a trace.jsonl of events, one JSON object a line ({e})") from None
   allowed = next(kinds for shape, kinds in REPLAY_KINDS if isinstance(algorithm, shape))
   wrong = sorted({e.kind for e in events} - set(allowed))
   if wrong:
