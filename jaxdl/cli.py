@@ -1,7 +1,9 @@
 """The command line: ``jaxdl run | compare | report | list``."""
 from __future__ import annotations
 
+import inspect
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -86,6 +88,10 @@ def _run(args: list[str]) -> int:
   return 0
 
 
+def _interrupt(signum, frame) -> None:
+  raise KeyboardInterrupt
+
+
 def _compare(args: list[str]) -> int:
   import tyro
 
@@ -94,7 +100,9 @@ def _compare(args: list[str]) -> int:
   from jaxdl.report import Report, check_target
 
   opts, rest = tyro.cli(compare.CompareArgs, args=_split_lists(args, COMPARE_LIST_FLAGS),
-                        return_unknown_args=True, prog="jaxdl compare")
+                        return_unknown_args=True, prog="jaxdl compare",
+                        description=f"{inspect.cleandoc(compare.CompareArgs.__doc__)}\n\n"
+                                    f"{compare.passed_on()}")
   grid = compare.load_experiment(opts.experiment) if opts.experiment else compare.DEFAULT_GRID
   run_flags = {}
   if rest:  # `jaxdl run` flags: settings shared by every cell
@@ -104,6 +112,7 @@ def _compare(args: list[str]) -> int:
     run_flags.update(settings)
   grid = compare.apply_args(grid, opts, run_flags)
   check_target(opts.target_accuracy)
+  signal.signal(signal.SIGTERM, _interrupt)  # stops the cells as Ctrl-C does
   status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,
                             progress=opts.progress, experiment=opts.experiment, args=opts)
   report = Report(opts.out, opts.target_accuracy)
@@ -229,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxdl {argv[0]}: error: {e}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
-    print(f"jaxdl {argv[0]}: interrupted", file=sys.stderr)
+    kept = " (finished cells are kept: rerun the command to run the rest)" \
+        if argv[0] == "compare" else ""
+    print(f"jaxdl {argv[0]}: interrupted{kept}", file=sys.stderr)
     return 130
 
 

@@ -15,12 +15,15 @@ its simulated throughput without the math.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import ctypes
 import dataclasses
+import importlib.machinery
 import importlib.util
 import json
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -183,7 +186,9 @@ def load_experiment(path: str) -> Grid:
     return _LOADED[key]
   if not Path(path).is_file():
     raise ConfigError("experiment", path, "a Python file that defines GRID")
-  spec = importlib.util.spec_from_file_location("jaxdl_experiment", path)
+  # Read as Python whatever its suffix (spec_from_file_location wants ".py").
+  loader = importlib.machinery.SourceFileLoader("jaxdl_experiment", path)
+  spec = importlib.util.spec_from_loader("jaxdl_experiment", loader)
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
@@ -255,15 +260,33 @@ class CompareArgs:
 
 # Fields that the grid sets per cell: as shared run flags they would be overridden.
 PER_CELL = {"algorithm": "--algorithms", "workers": "--workers", "network": "--networks",
-            "dry_run": "--timing-networks", "out": "--out", "resume": "(always on)",
+            "dry_run": "--timing-networks", "out": "--out", "resume": "always on",
             "overwrite": "--overwrite", "progress": "--progress", "config": "--experiment"}
+
+
+def passed_on() -> str:
+  """What compare's --help says of the `jaxdl run` flags."""
+  from jaxdl.config import _field_owner
+
+  def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+  shared = [flag(f) for f in _field_owner() if f not in PER_CELL]
+  per_cell = [flag(f) + (" (compare's own)" if how == flag(f) else
+                         f" (from {how})" if how.startswith("--") else f" ({how})")
+              for f, how in PER_CELL.items()]
+  return (f"Run flags passed on to every cell (see `jaxdl run --help`): {', '.join(shared)}; "
+          "and each algorithm's settings (e.g. --dc-lambda), to the cells whose algorithm "
+          f"has them. Set per cell, so refused here: {', '.join(per_cell)}.")
 
 
 def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid:
   """The grid with the command line's choices: `args`, then the shared run flags."""
   for field, value in run_flags.items():
     if field in PER_CELL:
-      raise ConfigError(field, value, f"set per cell by jaxdl compare; use {PER_CELL[field]}")
+      how = PER_CELL[field]
+      raise ConfigError(field, value, "set per cell by jaxdl compare; "
+                        + (f"use {how}" if how.startswith("--") else how))
   if args.algorithms is not None:
     grid = grid.replace(variants=tuple(Variant.parse(s) for s in args.algorithms))
   shared = section_fields(tuple(run_flags.items()))
@@ -375,9 +398,45 @@ def outcome(summary: dict) -> dict:
   return {"status": "done", "test_accuracy": summary.get("test_accuracy")}
 
 
-def _worker_init() -> None:
+# Seconds an interrupted cell has to stop cleanly before it is killed.
+STOP_SECONDS = 5.0
+
+
+def _worker_init(parent: int) -> None:
   # Several processes on one accelerator: none may take most of its memory.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  # Ctrl-C reaches the whole process group: compare's process alone decides
+  # (_stop). SIGTERM ends the running cell; the process then exits as the
+  # shut-down pool asks, its atexit cleanup done. If compare's process dies,
+  # even by SIGKILL, the kernel kills this one (Linux's parent-death signal).
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, _end_cell)
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass  # not Linux: an interrupt still stops the pool; a SIGKILL of compare does not
+  if os.getppid() != parent:  # compare died before the signal was set
+    os._exit(1)
+
+
+def _end_cell(signum, frame) -> None:
+  raise SystemExit(128 + signum)
+
+
+def _stop(pool: futures.ProcessPoolExecutor) -> None:
+  """Stops the pool's processes within STOP_SECONDS: their cells stay
+  unfinished (the next run resumes them from their last checkpoint)."""
+  processes = list((pool._processes or {}).values())  # no public handle before 3.14
+  for process in processes:
+    process.terminate()
+  pool.shutdown(wait=False, cancel_futures=True)
+  deadline = time.monotonic() + STOP_SECONDS
+  for process in processes:
+    process.join(max(0.0, deadline - time.monotonic()))
+  for process in processes:
+    if process.is_alive():  # busy in native code (a compilation) past the deadline
+      process.kill()
+      process.join()
 
 
 def default_jobs() -> int:
@@ -439,7 +498,7 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
     while queue or running:
       if pool is None:
         pool = futures.ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"),
-                                           initializer=_worker_init)
+                                           initializer=_worker_init, initargs=(os.getpid(),))
       while queue and len(running) < jobs:
         cell = queue.pop(0)
         running[pool.submit(_run_cell, grid.config(cell, out).to_dict(), experiment)] = cell
@@ -458,6 +517,11 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
       if broken:  # a new pool for the rest
         pool.shutdown(cancel_futures=True)
         pool = None
+  except BaseException:  # Ctrl-C, or SIGTERM through the CLI: no cell runs on
+    if pool is not None:
+      _stop(pool)
+      pool = None
+    raise
   finally:
     if pool is not None:
       pool.shutdown(cancel_futures=True)

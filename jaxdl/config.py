@@ -118,6 +118,8 @@ class DistributedConfig:
   """Number of processes (or JAX_NUM_PROCESSES)."""
   process_id: int | None = None
   """This process's index (or JAX_PROCESS_ID)."""
+  coordinator_timeout: float = 60.0
+  """Seconds a process waits for all the others to reach the coordinator; then a one-line error (exit code 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +365,11 @@ def _positive(field: str, value: float | int | None, *, allow_none=False, zero=F
     raise ConfigError(field, value, "a number >= 0" if zero else "a number > 0")
 
 
+# The simulated cluster's settings: a run on real devices has none of them.
+SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
+                  "straggler_prob", "straggler_slowdown")
+
+
 def validate(config: RunConfig) -> RunConfig:
   """Checks every field that can be checked without data; returns the config."""
   # Registries are imported here: they pull in flax/optax, and the config
@@ -426,6 +433,17 @@ def resolve(config: RunConfig):
     spec.check(settings, config)
   if cfg.async_bn:
     async_bn.check(spec.shape, spec.name)
+  if config.cluster.servers != 1 and not spec.has_server:
+    servers = ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).has_server)
+    raise ConfigError("servers", config.cluster.servers,
+                      f"1: {spec.name} keeps no parameter server to shard (these do: {servers})")
+  if engine != "sim":
+    for field in SIMULATED_ONLY:
+      value = getattr(config.cluster, field)
+      if value != getattr(ClusterConfig, field):
+        raise ConfigError(field, value, f"its default ({getattr(ClusterConfig, field)!r}) "
+                          f"with --engine {engine}: a setting of the simulated cluster "
+                          "(--engine sim), which a run on real devices does not have")
   if cfg.sync_bn and spec.shape is not Collective:
     raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
                       f"local_sgd): {spec.name}'s workers share no batch statistics")

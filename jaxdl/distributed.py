@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import time
 
 import jax
 import numpy as np
@@ -24,7 +27,71 @@ def initialize(cfg) -> None:
                                                                      "process_id")
   if not 0 <= index < count:
     raise ConfigError("process_id", index, f"an index in [0, {count})")
-  jax.distributed.initialize(address, num_processes=count, process_id=index)
+  if cfg.coordinator_timeout <= 0:
+    raise ConfigError("coordinator_timeout", cfg.coordinator_timeout, "seconds > 0")
+  if count > 1:
+    print(f"process {index} of {count}: waiting up to {cfg.coordinator_timeout:g} s for the "
+          f"others at {address}", file=sys.stderr)
+    rendezvous(address, count, index, cfg.coordinator_timeout)
+  jax.distributed.initialize(address, num_processes=count, process_id=index,
+                             initialization_timeout=max(1, round(cfg.coordinator_timeout)))
+
+
+def rendezvous(address: str, count: int, index: int, timeout: float) -> None:
+  """Returns once all `count` processes have reached the coordinator's
+  address, or raises the ConfigError that says how many did within `timeout`
+  seconds. jax.distributed itself would abort the process (a C++ check
+  failure) after minutes: this happens first, on the same port, which
+  process 0 listens on until every other process has answered."""
+  host, _, port_text = address.rpartition(":")
+  if not host or not port_text.isdigit():
+    raise ConfigError("coordinator_address", address, "host:port")
+  port, deadline = int(port_text), time.monotonic() + timeout
+
+  def late(what: str) -> ConfigError:
+    return ConfigError("coordinator_address", address,
+                       f"the address of process 0 that all {count} processes reach within "
+                       f"--coordinator-timeout {timeout:g} s; {what} (start every process, "
+                       "or run without --coordinator-address and --num-processes)")
+
+  if index == 0:
+    try:
+      server = socket.create_server(("", port))
+    except OSError as e:
+      raise ConfigError("coordinator_address", address, f"a free port on this host ({e})")
+    peers = []
+    with server:
+      while len(peers) < count - 1:
+        server.settimeout(max(0.0, deadline - time.monotonic()))
+        try:
+          peers.append(server.accept()[0])
+        except TimeoutError:
+          raise late(f"{len(peers)} of the other {count - 1} came") from None
+      for peer in peers:
+        with peer:
+          peer.sendall(b"go")
+          peer.settimeout(max(1.0, deadline - time.monotonic()))
+          try:
+            peer.recv(1)  # the peer closes first: the port is free again at once
+          except OSError:
+            pass
+    return
+  while True:
+    try:
+      peer = socket.create_connection((host, port), timeout=1.0)
+      break
+    except OSError:
+      if time.monotonic() > deadline:
+        raise late(f"process {index} found no process 0 there") from None
+      time.sleep(0.2)
+  with peer:
+    peer.settimeout(max(1.0, deadline - time.monotonic()))
+    try:
+      answer = peer.recv(2)
+    except OSError:
+      answer = b""
+  if answer != b"go":
+    raise late(f"process {index} reached it, but process 0 gave up waiting")
 
 
 def _env_int(variable: str, field: str) -> int:

@@ -128,7 +128,7 @@ def assert_m_workers_equal_one(algorithm: str, sizes, optimizer: str, model: str
   config = RunConfig.make(algorithm=algorithm, workers=len(sizes), batch_sizes=tuple(sizes),
                           model=model, schedule="constant", **OPTIMIZERS[optimizer], **extra)
   many = make_engine(config)
-  single = make_engine(config.replace(algorithm="sgd", workers=1, batch_sizes=None),
+  single = make_engine(config.replace(algorithm="sgd", workers=1, batch_sizes=None, servers=1),
                        streams=ConcatenatedStreams(many.streams))
   a = many.evaluated(train(many, steps)[0])
   b = single.evaluated(train(single, steps)[0])

@@ -255,3 +255,22 @@ def test_sync_bn_with_an_asynchronous_algorithm_is_refused(tmp_path, capsys):
   out = tmp_path / "run"
   refused(capsys, ["run", "--out", str(out), "--model", "mlp", "--steps", "2",
                    "--algorithm", "asp", "--sync-bn"], "--sync-bn", out)
+
+
+@pytest.mark.parametrize("algorithm", ["sgd", "ar_sgd", "local_sgd", "gosgd", "ad_psgd"])
+def test_servers_for_an_algorithm_without_a_server_is_refused(tmp_path, capsys, algorithm):
+  out = tmp_path / "run"
+  workers = "1" if algorithm == "sgd" else "4"
+  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", algorithm, "--workers", workers,
+                          "--servers", "2"], "--servers", out)
+  assert "bsp" in line and algorithm + " keeps no parameter server" in line
+
+
+@pytest.mark.parametrize("flag, value", [("--jitter", "0.1"), ("--network", "1gbps"),
+                                         ("--straggler-prob", "0.2"), ("--cluster", "v100"),
+                                         ("--compute-time", "0.01"), ("--latency", "0.1"),
+                                         ("--straggler-slowdown", "2")])
+def test_a_simulated_cluster_setting_on_the_mesh_is_refused(tmp_path, capsys, flag, value):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--engine", "mesh", flag, value], flag, out)
+  assert "--engine sim" in line

@@ -160,3 +160,16 @@ def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
   assert again == {"status": "diverged", "divergence": cells["asp-m2"]["divergence"],
                    "seconds": strict(out / "asp-m2" / "summary.json")["wall_time_s"],
                    "skipped": True}
+
+
+def test_compare_help_lists_the_run_flags_it_passes_on(capsys):
+  from jaxdl.compare import PER_CELL
+  from jaxdl.config import _field_owner
+  with pytest.raises(SystemExit):
+    main(["compare", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  shared, refused = text.split("Run flags passed on to every cell")[1].split("Set per cell")
+  for field in _field_owner():
+    flag = "--" + field.replace("_", "-")
+    assert (flag + "," in refused or flag + " (" in refused) == (field in PER_CELL), flag
+    assert (flag + "," in shared or flag + ";" in shared) == (field not in PER_CELL), flag

@@ -122,7 +122,9 @@ class AlgorithmSpec:
   sections that the algorithm cannot run with (e.g. bsp's server shards).
   `optim_defaults(num_workers)` gives the optimizer's lr and momentum where
   the user sets none (jaxdl.optim.with_defaults), with `optim_rule` saying
-  how, for `jaxdl list` and the docs.
+  how, for `jaxdl list` and the docs. `server` says whether it keeps a
+  parameter server that --servers shards (unset: a centralized or elastic
+  shape does).
   The engines that can run it are those that declare its shape.
   """
   name: str
@@ -134,3 +136,9 @@ class AlgorithmSpec:
   check: Callable[[Any, Any], None] | None = None
   optim_defaults: Callable[[int], dict] | None = None
   optim_rule: str = ""
+  server: bool | None = None
+
+  @property
+  def has_server(self) -> bool:
+    from jaxdl.algorithms.shapes import Centralized, Elastic
+    return self.server if self.server is not None else self.shape in (Centralized, Elastic)

@@ -96,4 +96,4 @@ def check(settings, config) -> None:
 
 
 SPEC = AlgorithmSpec("bsp", "bulk synchronous parallel with a sharded parameter server",
-                     Collective, build, check=check)
+                     Collective, build, check=check, server=True)

@@ -23,6 +23,7 @@ over updates), lc_delay_predicted_mean, lc_delay_actual_mean, lc_loss_mae
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -83,61 +84,63 @@ class WorkerState(NamedTuple):
   index: jax.Array    # int32: which worker
 
 
+def build(settings: LCSettings, problem: Problem, num_workers: int,
+          pieces: Callable[[LCSettings, int], Pieces] = default_pieces) -> Centralized:
+  """LC-ASGD with its predictors and compensation from `pieces(settings, num_workers)`."""
+  p = pieces(settings, num_workers)
+  optimizer = optax.chain(p.compensation, problem.optimizer)
+
+  def init_server(key) -> ServerState:
+    server = asp.init_server(problem, key, optimizer)
+    return ServerState(*server, p.steps.init(num_workers), p.losses.init(),
+                       jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
+
+  def init(key, worker) -> WorkerState:
+    pulled, model_state, grads = asp.init(problem, key)
+    return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
+                       jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+                       jnp.asarray(worker, jnp.int32))
+
+  def compute(worker: WorkerState, batch):
+    grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state,
+                                                        batch)
+    loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
+    return worker._replace(model_state=model_state, grads=grads, loss=loss), metrics
+
+  def pull(server: ServerState, worker: WorkerState, t_comm):
+    return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)
+
+  def apply(server: ServerState, worker: WorkerState, t_comp):
+    delay = (server.version - worker.version).astype(jnp.float32)
+    k = p.steps.predict(server.steps, worker.index, worker.t_comm, t_comp)
+    steps = p.steps.update(server.steps, worker.index, worker.t_comm, t_comp, delay)
+    seen = (server.losses.seen > 0).astype(jnp.float32)
+    loss_error = seen * jnp.abs(server.next_loss - worker.loss)
+    losses = p.losses.update(server.losses, worker.loss)
+    _, slope = p.losses.compensation(losses, worker.loss, k)
+    errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
+    server = asp.update(server, worker.grads, optimizer, delay_loss_slope=slope)
+    return server._replace(steps=steps, losses=losses, errors=errors,
+                           next_loss=p.losses.predict_next(losses, worker.loss)), worker
+
+  def report(server: ServerState) -> dict:
+    e = server.errors
+    n = jnp.maximum(e[3], 1)
+    return {"lc_delay_mae": e[0] / n, "lc_delay_predicted_mean": e[1] / n,
+            "lc_delay_actual_mean": e[2] / n, "lc_loss_mae": e[4] / jnp.maximum(e[5], 1)}
+
+  ps = asp.parameter_server(problem, num_workers, optimizer=optimizer)
+  return dataclasses.replace(ps, init_server=init_server, init=init, compute=compute,
+                             pull=pull, apply=apply, report=report)
+
+
 def make(pieces: Callable[[LCSettings, int], Pieces] = default_pieces
          ) -> Callable[[LCSettings, Problem, int], Centralized]:
-  """LC-ASGD's factory, with its predictors and compensation from
-  `pieces(settings, num_workers)`."""
-
-  def build(settings: LCSettings, problem: Problem, num_workers: int) -> Centralized:
-    p = pieces(settings, num_workers)
-    optimizer = optax.chain(p.compensation, problem.optimizer)
-
-    def init_server(key) -> ServerState:
-      server = asp.init_server(problem, key, optimizer)
-      return ServerState(*server, p.steps.init(num_workers), p.losses.init(),
-                         jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
-
-    def init(key, worker) -> WorkerState:
-      pulled, model_state, grads = asp.init(problem, key)
-      return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
-                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
-                         jnp.asarray(worker, jnp.int32))
-
-    def compute(worker: WorkerState, batch):
-      grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state,
-                                                          batch)
-      loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
-      return worker._replace(model_state=model_state, grads=grads, loss=loss), metrics
-
-    def pull(server: ServerState, worker: WorkerState, t_comm):
-      return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)
-
-    def apply(server: ServerState, worker: WorkerState, t_comp):
-      delay = (server.version - worker.version).astype(jnp.float32)
-      k = p.steps.predict(server.steps, worker.index, worker.t_comm, t_comp)
-      steps = p.steps.update(server.steps, worker.index, worker.t_comm, t_comp, delay)
-      seen = (server.losses.seen > 0).astype(jnp.float32)
-      loss_error = seen * jnp.abs(server.next_loss - worker.loss)
-      losses = p.losses.update(server.losses, worker.loss)
-      _, slope = p.losses.compensation(losses, worker.loss, k)
-      errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
-      server = asp.update(server, worker.grads, optimizer, delay_loss_slope=slope)
-      return server._replace(steps=steps, losses=losses, errors=errors,
-                             next_loss=p.losses.predict_next(losses, worker.loss)), worker
-
-    def report(server: ServerState) -> dict:
-      e = server.errors
-      n = jnp.maximum(e[3], 1)
-      return {"lc_delay_mae": e[0] / n, "lc_delay_predicted_mean": e[1] / n,
-              "lc_delay_actual_mean": e[2] / n, "lc_loss_mae": e[4] / jnp.maximum(e[5], 1)}
-
-    ps = asp.parameter_server(problem, num_workers, optimizer=optimizer)
-    return dataclasses.replace(ps, init_server=init_server, init=init, compute=compute,
-                               pull=pull, apply=apply, report=report)
-
-  return build
+  """LC-ASGD's factory from other predictors or another compensation:
+  `pieces(settings, num_workers)` gives them."""
+  return functools.partial(build, pieces=pieces)
 
 
 SPEC = AlgorithmSpec("lc_asgd", "asp with loss-prediction compensation (--lc-lambda), "
-                     "step and loss predictors", Centralized, make(), LCSettings,
+                     "step and loss predictors", Centralized, build, LCSettings,
                      **asp.STALENESS_DEFAULTS)

@@ -39,7 +39,8 @@ DATASETS.register("synthetic", "Random 32x32x3 images (--image-size N: NxNx3) fo
 _PREFIXED = (("tfds:NAME", "Any tfds image classification dataset prepared "
               "as array_record in --data-dir, e.g. tfds:cifar10."),
              ("npz:PATH", "A .npz with x_train, y_train, x_test, y_test "
-              "(uint8 or float images, integer labels)."))
+              "(uint8 or float images N x H x W [x C], or float features N x D "
+              "for --model mlp; integer labels)."))
 
 
 def check_name(name: str) -> None:

@@ -165,7 +165,7 @@ _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def load_npz(path: str) -> Dataset:
-  """A user's .npz with x_train, y_train, x_test, y_test (NHW or NHWC)."""
+  """A user's .npz with x_train, y_train, x_test, y_test (ND, NHW or NHWC)."""
   def bad(what: str) -> ConfigError:
     return ConfigError("dataset", f"npz:{path}", what)
 
@@ -189,7 +189,7 @@ def load_npz(path: str) -> Dataset:
   splits = [_check_npz_split(arrays, part, bad) for part in ("train", "test")]
   (x_train, y_train, _), (x_test, y_test, _) = splits
   if x_test.shape[1:] != x_train.shape[1:]:
-    raise bad(f"x_test holds {x_test.shape[1:]} images but x_train "
+    raise bad(f"x_test holds {x_test.shape[1:]} examples but x_train "
               f"{x_train.shape[1:]}; they must match")
   num_classes = max(int(y_train.max()), int(y_test.max())) + 1
   if "num_classes" in arrays:
@@ -208,9 +208,9 @@ def _check_npz_split(arrays: dict[str, np.ndarray], part: str,
                      bad: Any) -> tuple[np.ndarray, np.ndarray, float]:
   """Checks x_{part} and y_{part}; returns (images NHWC, labels, scale)."""
   x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
-  if x.ndim not in (3, 4):
-    raise bad(f"x_{part} has shape {x.shape}; expected N x H x W or "
-              "N x H x W x C images")
+  if x.ndim not in (2, 3, 4):
+    raise bad(f"x_{part} has shape {x.shape}; expected N x D features, "
+              "N x H x W or N x H x W x C images")
   if x.dtype != np.uint8 and x.dtype.kind != "f":
     raise bad(f"x_{part} has dtype {x.dtype}; expected uint8 (0..255) or "
               "float images")
@@ -222,7 +222,13 @@ def _check_npz_split(arrays: dict[str, np.ndarray], part: str,
   if len(y) != len(x):
     raise bad(f"y_{part} has {len(y)} labels but x_{part} has {len(x)} "
               "images")
-  images = x[..., None] if x.ndim == 3 else x
+  if x.dtype.kind == "f" and not np.isfinite(x).all():
+    raise bad(f"x_{part} holds {np.size(x) - np.isfinite(x).sum()} values "
+              "that are NaN or infinite; expected finite numbers")
+  if x.ndim == 2:  # features: a 1 x 1 "image" of D channels, each standardized
+    images = x[:, None, None, :]
+  else:
+    images = x[..., None] if x.ndim == 3 else x
   return images, y, (1 / 255 if x.dtype == np.uint8 else 1.0)
 
 
@@ -339,7 +345,7 @@ def _unreadable(tfds: Any, name: str, split: str,
                 data_dir: str | None) -> ConfigError | None:
   """Why tfds cannot read `name` from `data_dir`, or None if unclear."""
   root = data_dir or tfds.core.constants.DATA_DIR
-  build = (f"pip install 'jaxdl[tfds]' && tfds build {name} --data_dir "
+  build = (f"pip install 'jaxdl-train[tfds]' && tfds build {name} --data_dir "
            f"{root} --file_format array_record")
   builder = tfds.builder(name, data_dir=data_dir)
   if not builder.is_prepared():

@@ -65,6 +65,9 @@ def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
   """Builds the registered model ``name`` for HxWxC images and ``num_classes``."""
   entry = MODELS.get(name)
   image_shape = tuple(int(d) for d in image_shape)
+  if image_shape[:2] == (1, 1) and name != "mlp":
+    raise ConfigError("model", name, "mlp: the data are N x D feature vectors, "
+                      "which the image models cannot take")
   stem = resolve_stem(stem, image_shape)
   build = functools.partial(entry, image_shape, num_classes, stem)
   return from_nnx(name, lambda rngs: build(rngs=rngs), num_classes, image_shape)

@@ -250,9 +250,34 @@ def test_npz_happy_paths(tmp_path):
   _assert_normalized(ds.train)
 
 
+def test_npz_tabular_features_train_an_mlp_and_refuse_image_models(tmp_path):
+  """N x D features: each feature standardized on its own; an mlp learns a
+  linear rule; a conv model is refused, naming --model."""
+  from jaxdl import RunConfig, run
+  rng = np.random.default_rng(0)
+  x = rng.normal(0, 1, (600, 6)) * [1, 10, 100, 1, 1, 1] + [0, 5, -50, 0, 0, 0]
+  y = (x[:, 0] + x[:, 1] / 10 - (x[:, 2] + 50) / 100 > 0).astype(np.int64)
+  path = tmp_path / "tab.npz"
+  np.savez(path, x_train=x[:500].astype(np.float32), y_train=y[:500],
+           x_test=x[500:].astype(np.float32), y_test=y[500:])
+  ds = load_dataset(f"npz:{path}")
+  assert ds.image_shape == (1, 1, 6) and ds.num_classes == 2
+  _assert_normalized(ds.train)
+  summary = run(RunConfig.make(dataset=f"npz:{path}", model="mlp", epochs=3, lr=0.1,
+                               out=str(tmp_path / "run"), progress=False))
+  assert summary["test_accuracy"] >= 0.9, summary
+  with pytest.raises(ConfigError, match="^--model='cnn' is not valid: mlp"):
+    run(RunConfig.make(dataset=f"npz:{path}", model="cnn", out=str(tmp_path / "cnn"),
+                       progress=False))
+  assert not (tmp_path / "cnn").exists()
+
+
 _BAD_NPZ = {
     "missing": (dict(y_test=None), "y_test is missing"),
-    "ndim": (dict(x_train=np.zeros((20, 5), np.uint8)), "x_train has shape"),
+    "ndim": (dict(x_train=np.zeros(20, np.uint8)), "x_train has shape"),
+    "nan": (dict(x_train=np.full((20, 5, 4), np.nan, np.float32)), "x_train holds 400 values"),
+    "inf": (dict(x_test=np.array([np.inf, -np.inf] + [0.0] * 118).reshape(6, 5, 4)),
+            "x_test holds 2 values that are NaN or infinite"),
     "dtype": (dict(x_test=np.zeros((6, 5, 4), np.int32)), "x_test has dtype"),
     "float_labels": (dict(y_train=np.zeros(20)), "y_train has shape"),
     "2d_labels": (dict(y_test=np.zeros((6, 1), int)), "y_test has shape"),

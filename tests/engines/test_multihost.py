@@ -71,3 +71,22 @@ def test_two_processes_equal_one(tmp_path):
   (step_a, multi), (step_b, one) = _final_state(tmp_path / "multi"), _final_state(tmp_path / "one")
   assert step_a == step_b == 20 and len(multi) == len(one)
   chex.assert_trees_all_close(multi, one, rtol=1e-5, atol=1e-6)
+
+
+def test_a_process_whose_peers_never_come_ends_in_one_line(tmp_path):
+  """A multi-process config rerun alone: process 0 waits for process 1, and
+  process 1 for a process 0, --coordinator-timeout seconds, then exit 2."""
+  for index in (0, 1):
+    out = tmp_path / f"alone{index}"
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxdl", *ARGS, "--out", str(out), "--coordinator-address",
+         f"127.0.0.1:{_free_port()}", "--num-processes", "2", "--process-id", str(index),
+         "--coordinator-timeout", "2"],
+        env=_env(2), capture_output=True, text=True, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert lines[0] == f"process {index} of 2: waiting up to 2 s for the others at " \
+        + lines[0].split(" at ")[-1]
+    assert len(lines) == 2 and lines[1].startswith("jaxdl run: error: --coordinator-address=")
+    assert "--coordinator-timeout 2 s" in lines[1] and "Traceback" not in result.stderr
+    assert not out.exists()

@@ -63,6 +63,8 @@ class Run:
   gradient of a worker's batch, for the reference loops."""
 
   def __init__(self, tmp_path, algorithm: str, **flags):
+    if flags.get("engine") == "mesh":  # real devices: no simulated cluster
+      flags = {"compute_time": None, "jitter": 0.0, **flags}
     self.setup = setup(CONFIG.replace(algorithm=algorithm, **flags))
     self.state, _ = train(self.setup.engine, CONFIG.train.steps, key=KEY)
     write_trace(tmp_path / "trace.jsonl", self.setup.engine.trace())

@@ -1,0 +1,53 @@
+"""Every algorithm setting's allowed range, checked at its edges.
+
+The table is written from the papers' definitions (REFERENCE.md), not from
+the code: a value on the edge is accepted, the next one out is refused with
+a ConfigError naming the setting.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jaxdl.algorithms import ALGORITHMS
+from jaxdl.errors import ConfigError
+
+# algorithm: {setting: (values allowed at the edges, values just outside)}
+RANGES = {
+    "local_sgd": {"communication_period": ([1], [0, -1])},
+    "ssp": {"staleness_bound": ([0], [-1])},
+    "dc_asgd": {"dc_lambda": ([0.0], [-1e-6]),
+                "dc_adaptive": ([False, True], []),
+                "dc_beta": ([0.0, 0.999], [1.0, -1e-6])},
+    "lc_asgd": {"lc_lambda": ([0.0], [-1e-6]),
+                "lc_max_delay": ([None, 1], [0])},
+    "easgd": {"communication_period": ([1], [0]),
+              "elasticity": ([None, 0.0, 1.0], [-1e-6, 1.000001])},
+    "gosgd": {"gossip_probability": ([0.0, 1.0], [-1e-6, 1.000001])},
+}
+CASES = [(name, field, value, ok)
+         for name, fields in RANGES.items()
+         for field, (good, bad) in fields.items()
+         for ok, values in ((True, good), (False, bad))
+         for value in values]
+
+
+def test_the_table_covers_every_registered_setting():
+  declared = {(name, f.name) for name in ALGORITHMS
+              for f in dataclasses.fields(ALGORITHMS.get(name).settings)}
+  tabled = {(name, field) for name, fields in RANGES.items() for field in fields}
+  assert declared == tabled
+
+
+@pytest.mark.parametrize("name,field,value,ok", CASES,
+                         ids=[f"{n}-{f}={v}" for n, f, v, _ in CASES])
+def test_a_setting_on_the_edge_is_taken_and_one_past_it_refused(name, field, value, ok):
+  cls = ALGORITHMS.get(name).settings
+  if ok:
+    assert getattr(cls(**{field: value}), field) == value
+    return
+  with pytest.raises(ConfigError) as error:
+    cls(**{field: value})
+  assert (error.value.field, error.value.value) == (field, value)
+  assert str(error.value).startswith(f"--{field.replace('_', '-')}=")

@@ -1,0 +1,78 @@
+"""An interrupted `jaxdl compare` leaves no process behind: Ctrl-C (SIGINT),
+SIGTERM and a SIGKILL of compare's process alone each end its pool processes
+(and multiprocessing's resource tracker) within seconds, and a rerun reuses
+the cells that finished."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Two training cells long enough to be running when the signal comes, and
+# their timing cells (dry runs), which finish before it in the third job.
+ARGS = ["compare", "--algorithms", "asp", "ar_sgd", "--workers", "2", "--steps", "100000",
+        "--model", "mlp", "--no-progress", "--no-report", "--jobs", "3"]
+
+
+def _descendants(pid: int) -> set[int]:
+  children = {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+  return children.union(*(_descendants(c) for c in children if Path(f"/proc/{c}").exists()))
+
+
+def _alive(pid: int) -> bool:
+  try:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+  except (FileNotFoundError, IndexError):
+    return False
+
+
+def _statuses(out: Path) -> dict:
+  try:
+    return {name: cell["status"] for name, cell in
+            json.loads((out / "cells.json").read_text()).items()}
+  except (FileNotFoundError, json.JSONDecodeError):
+    return {}
+
+
+def _wait(predicate, seconds: float) -> bool:
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.1)
+  return predicate()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
+def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
+  out = tmp_path / "cmp"
+  process = subprocess.Popen([sys.executable, "-m", "jaxdl", *ARGS, "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    timing = {"asp-m2-56gbps-timing": "done", "ar_sgd-m2-56gbps-timing": "done"}
+    assert _wait(lambda: _statuses(out) == timing, 120), _statuses(out)
+    children = _descendants(process.pid)
+    assert len(children) >= 2  # the pool (and the resource tracker)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=30)
+    assert _wait(lambda: not any(_alive(c) for c in children), 10), \
+        [Path(f"/proc/{c}/cmdline").read_text() for c in children if _alive(c)]
+  finally:
+    process.kill()
+    process.wait()
+  if signum != signal.SIGKILL:
+    assert process.returncode == 130
+    assert err.strip().splitlines()[-1] == ("jaxdl compare: interrupted (finished cells are "
+                                           "kept: rerun the command to run the rest)")
+    assert "Traceback" not in err
+  # What finished is kept for the rerun to reuse; the interrupted cells resume.
+  assert _statuses(out) == timing
+  assert len(list(out.glob("*-timing/summary.json"))) == 2
+  assert not list(out.glob("*-m2/summary.json"))
