@@ -342,3 +342,41 @@ def test_more_server_shards_relieve_the_bottleneck():
   rates = [_samples_per_s(asp, "10gbps", 24, servers=k, iterations=40) for k in (1, 2, 4)]
   assert rates[0] < rates[1] < rates[2]
   assert rates[1] == pytest.approx(2 * rates[0], rel=0.1)  # the shard links are the limit
+
+
+def test_bsp_at_a_server_by_hand():
+  """Two workers (1 s and 0.5 s a batch), one server link of 1 model/s with
+  0.1 s latency, 3 steps. Pushes queue in the order the workers finish;
+  after each barrier but the last the server sends the model to each worker
+  in turn, first to worker g mod 2 at step g. Times worked out on paper."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
+                   speeds=(1.0, 2.0))
+  events = synchronous(cost, 3, "ps")
+  assert [e.time for e in events if e.kind == "step"] == pytest.approx([2.6, 6.8, 11.0])
+  waits = {(e.iteration, e.worker): e.duration for e in events if e.kind == "wait"}
+  assert waits == pytest.approx({(0, 0): 1.6, (0, 1): 2.1, (1, 0): 2.1, (1, 1): 1.6,
+                                 (2, 0): 1.1, (2, 1): 2.6})
+  assert all(e.time == pytest.approx({0: 2.6, 1: 6.8, 2: 11.0}[e.iteration])
+             for e in events if e.kind == "wait")
+  assert events.bytes_total == 10 * 1e9  # 3 x 2 pushes, 2 x 2 pulls
+  assert events.queued_s == pytest.approx((1.5, 1.5))
+
+
+def test_gossip_between_two_workers_by_hand():
+  """With p = 1 each of two workers sends every step to the other; each
+  worker's steps are numbered 0, 1, ... and the first ends after its first
+  batch's compute time (1 s and 0.5 s), the messages crossing while the
+  sender computes on."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
+                   speeds=(1.0, 2.0))
+  events = gossip(cost, 12, probability=1.0)
+  local = {w: [(e.iteration, e.time) for e in events if e.kind == "local" and e.worker == w]
+           for w in (0, 1)}
+  for w, seconds in ((0, 1.0), (1, 0.5)):
+    assert [i for i, _ in local[w]] == list(range(len(local[w])))
+    ends = [seconds * (i + 1) for i in range(len(local[w]))]
+    assert [t for _, t in local[w]] == pytest.approx(ends)
+  assert len(local[0]) + len(local[1]) == 12 and len(local[1]) == 2 * len(local[0])
+  sent = [e for e in events if e.kind == "send"]
+  assert len(sent) == 12 - 1  # every step but the one that spends the budget
+  assert all(e.peer == 1 - e.worker for e in sent)
