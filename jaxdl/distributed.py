@@ -62,8 +62,11 @@ def rendezvous(address: str, count: int, index: int, timeout: float) -> None:
     peers = []
     with server:
       while len(peers) < count - 1:
-        server.settimeout(max(0.0, deadline - time.monotonic()))
+        remaining = deadline - time.monotonic()
         try:
+          if remaining <= 0:
+            raise TimeoutError
+          server.settimeout(remaining)
           peers.append(server.accept()[0])
         except TimeoutError:
           raise late(f"{len(peers)} of the other {count - 1} came") from None
