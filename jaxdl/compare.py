@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from jaxdl import labels, rundir
 from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig
-from jaxdl.errors import ConfigError
+from jaxdl.errors import ConfigError, flag
 
 GRID_FILE, CELLS_FILE = "grid.json", "cells.json"
 
@@ -264,17 +264,17 @@ PER_CELL = {"algorithm": "--algorithms", "workers": "--workers", "network": "--n
             "overwrite": "--overwrite", "progress": "--progress", "config": "--experiment"}
 
 
+def _per_cell(field: str) -> str:
+  """How compare sets a field that it sets per cell."""
+  how = PER_CELL[field]
+  return f"use {how}" if how.startswith("--") else how
+
+
 def passed_on() -> str:
   """What compare's --help says of the `jaxdl run` flags."""
   from jaxdl.config import _field_owner
-
-  def flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
   shared = [flag(f) for f in _field_owner() if f not in PER_CELL]
-  per_cell = [flag(f) + (" (compare's own)" if how == flag(f) else
-                         f" (from {how})" if how.startswith("--") else f" ({how})")
-              for f, how in PER_CELL.items()]
+  per_cell = [f"{flag(f)} ({_per_cell(f)})" for f in PER_CELL]
   return (f"Run flags passed on to every cell (see `jaxdl run --help`): {', '.join(shared)}; "
           "and each algorithm's settings (e.g. --dc-lambda), to the cells whose algorithm "
           f"has them. Set per cell, so refused here: {', '.join(per_cell)}.")
@@ -284,9 +284,7 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   """The grid with the command line's choices: `args`, then the shared run flags."""
   for field, value in run_flags.items():
     if field in PER_CELL:
-      how = PER_CELL[field]
-      raise ConfigError(field, value, "set per cell by jaxdl compare; "
-                        + (f"use {how}" if how.startswith("--") else how))
+      raise ConfigError(field, value, f"set per cell by jaxdl compare; {_per_cell(field)}")
   if args.algorithms is not None:
     grid = grid.replace(variants=tuple(Variant.parse(s) for s in args.algorithms))
   shared = section_fields(tuple(run_flags.items()))

@@ -439,9 +439,9 @@ def resolve(config: RunConfig):
                       f"1: {spec.name} keeps no parameter server to shard (these do: {servers})")
   if engine != "sim":
     for field in SIMULATED_ONLY:
-      value = getattr(config.cluster, field)
-      if value != getattr(ClusterConfig, field):
-        raise ConfigError(field, value, f"its default ({getattr(ClusterConfig, field)!r}) "
+      value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
+      if value != default:
+        raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
                           "(--engine sim), which a run on real devices does not have")
   if cfg.sync_bn and spec.shape is not Collective:

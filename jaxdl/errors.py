@@ -4,6 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 
+def flag(field: str) -> str:
+  """The command-line flag of a config field: ``batch_size`` -> ``--batch-size``."""
+  return "--" + field.replace("_", "-")
+
+
 class ConfigError(ValueError):
   """Bad user input: names the field, the value given and what is allowed.
 
@@ -12,5 +17,4 @@ class ConfigError(ValueError):
 
   def __init__(self, field: str, value: Any, allowed: str):
     self.field, self.value, self.allowed = field, value, allowed
-    flag = "--" + field.replace("_", "-")
-    super().__init__(f"{flag}={value!r} is not valid: {allowed}")
+    super().__init__(f"{flag(field)}={value!r} is not valid: {allowed}")

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import tyro
 
 from jaxdl.config import RunConfig
+from jaxdl.errors import flag
 from jaxdl.settings import field_docs, field_types
 
 SETTINGS_SECTION = "algorithm_settings"
@@ -57,9 +58,9 @@ def given_settings(parsed: Any, args: list[str]) -> dict[str, Any]:
   values = getattr(parsed, SETTINGS_SECTION)
   out = {}
   for f in dataclasses.fields(values):
-    flag = "--" + f.name.replace("_", "-")
-    negated = "--no-" + f.name.replace("_", "-")
-    if any(a == flag or a.startswith(flag + "=") or a == negated for a in args):
+    name = flag(f.name)
+    negated = "--no-" + name[2:]
+    if any(a == name or a.startswith(name + "=") or a == negated for a in args):
       out[f.name] = getattr(values, f.name)
   return out
 

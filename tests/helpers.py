@@ -1,6 +1,7 @@
 """Building blocks shared by the algorithm and engine tests."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import chex
@@ -134,3 +135,13 @@ def assert_m_workers_equal_one(algorithm: str, sizes, optimizer: str, model: str
   b = single.evaluated(train(single, steps)[0])
   chex.assert_trees_all_close(a, b, rtol=1e-5, atol=atol)
   return many
+
+
+def snapshot(path: Path):
+  """What a file holds, or each file's size and mtime under a directory; None if absent."""
+  if not path.exists():
+    return None
+  if path.is_file():
+    return path.read_bytes()
+  return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(path.rglob("*"))}

@@ -13,6 +13,7 @@ import jaxdl
 from jaxdl.cli import main
 from jaxdl.config import RunConfig
 from jaxdl.data import SYNTHETIC_MAX_BYTES, synthetic_max_size
+from tests.helpers import snapshot
 
 RUN = ["run", "--model", "mlp", "--steps", "2", "--no-progress"]
 COMPARE = ["compare", "--workers", "2", "--steps", "2", "--model", "mlp", "--no-progress",
@@ -28,18 +29,9 @@ def asp_run(tmp_path_factory) -> Path:
   return out
 
 
-def _snapshot(path: Path):
-  if not path.exists():
-    return None
-  if path.is_file():
-    return path.read_bytes()
-  return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
-          for p in sorted(path.rglob("*"))}
-
-
 def refused(capsys, argv: list[str], flag: str, out: Path) -> str:
   """Runs the CLI; asserts the one-line refusal naming `flag`, and `out` untouched."""
-  before = _snapshot(out)
+  before = snapshot(out)
   code = main(argv)
   captured = capsys.readouterr()
   lines = captured.err.strip().splitlines()
@@ -47,7 +39,7 @@ def refused(capsys, argv: list[str], flag: str, out: Path) -> str:
   assert len(lines) == 1, captured.err
   assert flag + "=" in lines[0] and "is not valid" in lines[0], lines[0]
   assert "Traceback" not in captured.err + captured.out
-  assert _snapshot(out) == before  # nothing made, nothing changed
+  assert snapshot(out) == before  # nothing made, nothing changed
   return lines[0]
 
 

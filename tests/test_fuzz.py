@@ -20,7 +20,7 @@ import jaxdl
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.config import RunConfig
-from tests.test_bad_inputs import _snapshot
+from tests.helpers import snapshot
 
 NUMBERS = st.one_of(st.integers(-3, 40).map(str),
                     st.sampled_from(["0.5", "1e-3", "-0.1", "1.5", "nan", "inf", "1e9", ""]))
@@ -103,7 +103,7 @@ FUZZ = settings(max_examples=30, derandomize=True, deadline=None, database=None,
 @FUZZ
 @given(argv=flags(RUN_FLAGS, 4), config=st.one_of(st.none(), CONFIG), existing=st.booleans())
 def test_run_ends_with_0_or_2_and_keeps_an_existing_run(finished, argv, config, existing):
-  before = _snapshot(finished)
+  before = snapshot(finished)
   with tempfile.TemporaryDirectory() as tmp:
     out = finished if existing else Path(tmp) / "run"
     extra = ["--steps", "1", "--no-progress", "--out", str(out)]
@@ -115,7 +115,7 @@ def test_run_ends_with_0_or_2_and_keeps_an_existing_run(finished, argv, config, 
   assert code in (0, 2), printed
   assert "Traceback" not in printed
   assert code == 2 or not existing  # an existing run directory is never reused silently
-  assert _snapshot(finished) == before
+  assert snapshot(finished) == before
 
 
 COMPARE_FLAGS = {
@@ -136,7 +136,7 @@ COMPARE_FLAGS = {
 @settings(FUZZ, max_examples=10)
 @given(argv=flags(COMPARE_FLAGS, 3), existing=st.booleans())
 def test_compare_ends_with_0_or_2_and_keeps_an_existing_run(finished, argv, existing):
-  before = _snapshot(finished)
+  before = snapshot(finished)
   with tempfile.TemporaryDirectory() as tmp:
     out = finished if existing else Path(tmp) / "cmp"
     base = ["compare", "--algorithms", "asp", "--workers", "2", "--timing-networks", "10gbps",
@@ -145,4 +145,4 @@ def test_compare_ends_with_0_or_2_and_keeps_an_existing_run(finished, argv, exis
   event(f"exit {code}")
   assert code in (0, 2), printed
   assert "Traceback" not in printed
-  assert _snapshot(finished) == before
+  assert snapshot(finished) == before

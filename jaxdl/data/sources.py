@@ -222,13 +222,16 @@ def _check_npz_split(arrays: dict[str, np.ndarray], part: str,
   if len(y) != len(x):
     raise bad(f"y_{part} has {len(y)} labels but x_{part} has {len(x)} "
               "images")
-  if x.dtype.kind == "f" and not np.isfinite(x).all():
-    raise bad(f"x_{part} holds {np.size(x) - np.isfinite(x).sum()} values "
-              "that are NaN or infinite; expected finite numbers")
+  non_finite = x.size - np.count_nonzero(np.isfinite(x)) if x.dtype.kind == "f" else 0
+  if non_finite:
+    raise bad(f"x_{part} holds {non_finite} values that are NaN or infinite; "
+              "expected finite numbers")
   if x.ndim == 2:  # features: a 1 x 1 "image" of D channels, each standardized
     images = x[:, None, None, :]
+  elif x.ndim == 3:
+    images = x[..., None]
   else:
-    images = x[..., None] if x.ndim == 3 else x
+    images = x
   return images, y, (1 / 255 if x.dtype == np.uint8 else 1.0)
 
 
