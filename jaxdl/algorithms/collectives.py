@@ -26,20 +26,11 @@ class WorkerAxis:
   def _axes(self):
     return [a for a in (self.local, self.device) if a is not None]
 
-  def index(self) -> jax.Array:
-    """This worker's index in [0, M)."""
-    d = lax.axis_index(self.device) if self.device else 0
-    l = lax.axis_index(self.local) if self.local else 0
-    return jnp.asarray(d * self.local_size + l, jnp.int32)
-
   def psum(self, tree):
     """Sum over all workers (every worker gets the sum)."""
     for axis in self._axes():
       tree = lax.psum(tree, axis)
     return tree
-
-  def pmean(self, tree):
-    return jax.tree.map(lambda x: x / self.size, self.psum(tree))
 
   def all_gather(self, x: jax.Array) -> jax.Array:
     """Every worker's `x`, stacked in worker order: (M, *x.shape)."""
