@@ -45,11 +45,12 @@ from bench.timing import interleaved, machine, report  # noqa: E402
 from jaxdl import algorithms  # noqa: E402
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem  # noqa: E402
 from jaxdl.config import RunConfig  # noqa: E402
-from jaxdl.data import WorkerStreams  # noqa: E402
+from jaxdl.data import ImageFields, WorkerStreams  # noqa: E402
 from jaxdl.data.sources import load_synthetic  # noqa: E402
 from jaxdl.engines import MeshEngine  # noqa: E402
 from jaxdl.models import MODELS, build_model  # noqa: E402
 from jaxdl.optim import make_optimizer  # noqa: E402
+from jaxdl.task import classification
 
 LR, NUM_CLASSES, SEED = 0.01, 10, 0
 
@@ -98,17 +99,18 @@ class JaxdlArm:
     config = RunConfig.make(model=name, lr=LR, momentum=0.9, schedule="constant",
                             algorithm="ar_sgd", workers=devices,
                             batch_size=batch // devices)
-    problem = Problem(build_model(name, NUM_CLASSES, image_shape),
+    problem = Problem(classification(build_model(name, NUM_CLASSES, image_shape)),
                       make_optimizer(config.optim, 10**6, 100))
-    streams = WorkerStreams(load_synthetic(image_shape, NUM_CLASSES, train_size=batch,
-                                           test_size=1).train,
+    synthetic = load_synthetic(image_shape, NUM_CLASSES, train_size=batch, test_size=1)
+    streams = WorkerStreams(ImageFields(synthetic.train),
                             (batch // devices,) * devices, seed=SEED)
     ar_sgd = algorithms.build(ALGORITHMS.get("ar_sgd"), config.settings(), problem, devices)
     self.engine = engine = MeshEngine(ar_sgd, problem, streams, config)
     assert engine.mesh.devices.size == devices, engine.figures()
     self.state = engine.init(jax.random.key(SEED))
     put = lambda x: jax.device_put(x, engine.sharded)
-    self.batch = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))
+    self.batch = Batch({"image": put(images), "label": put(labels)},
+                put(np.full(batch, 1 / batch, np.float32)), put(np.zeros(2 * devices, np.int32)))
 
   def step(self) -> jax.Array:
     self.state, metrics = self.engine.jitted_step(self.state, self.batch)

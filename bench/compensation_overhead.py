@@ -28,10 +28,11 @@ from bench.timing import interleaved, machine, report
 from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.config import RunConfig
-from jaxdl.data import WorkerStreams
+from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.engines import SimEngine
 from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
+from jaxdl.task import classification
 
 ARMS = {"asp": {}, "dc_asgd": {}, "dc_asgd adaptive": {"dc_adaptive": True},
         "lc_asgd": {}}
@@ -51,10 +52,10 @@ class Args:
 def bench_case(case: str, args: Args) -> dict[str, float]:
   name, shape, batch, workers, split = parse_case(case)
   side = shape[0]
-  streams = WorkerStreams(split, (batch,) * workers, 0)
+  streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
   base = dict(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch,
               workers=workers, jitter=0.2, compute_time=0.01)
-  problem = Problem(build_model(name, 10, shape),
+  problem = Problem(classification(build_model(name, 10, shape)),
                     make_optimizer(RunConfig.make(**base).optim, 10**6, 100))
   total = (args.rounds + 2) * args.steps
   arms, rounds = {}, {}

@@ -21,11 +21,12 @@ from bench.timing import interleaved, machine, report
 from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem
 from jaxdl.config import RunConfig
-from jaxdl.data import WorkerStreams
+from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.data.sources import ArraySplit
 from jaxdl.engines import MeshEngine, SimEngine
 from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
+from jaxdl.task import classification
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +57,10 @@ def bench_case(case: str, args: Args) -> float:
   config = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant",
                           batch_size=batch, workers=workers, algorithm="asp", jitter=0.2,
                           compute_time=0.01)
-  problem = Problem(build_model(name, 10, shape), make_optimizer(config.optim, 10**6, 100))
+  problem = Problem(classification(build_model(name, 10, shape)),
+                    make_optimizer(config.optim, 10**6, 100))
   total = (args.rounds + 2) * args.steps
-  streams = WorkerStreams(split, (batch,) * workers, 0)
+  streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
   asp = algorithms.build(ALGORITHMS.get("asp"), config.settings(), problem, workers)
   arms = {}
   for batching in args.batchings:
@@ -67,11 +69,12 @@ def bench_case(case: str, args: Args) -> float:
 
   one = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch)
   sgd = algorithms.build(ALGORITHMS.get("sgd"), one.settings(), problem, 1)
-  single = MeshEngine(sgd, problem, WorkerStreams(split, (batch,), 0), one)
+  single = MeshEngine(sgd, problem, WorkerStreams(ImageFields(split), (batch,), 0), one)
   single_state = [single.init(jax.random.key(0))]
   images, labels = split.gather(np.arange(batch))
   put = lambda x: jax.device_put(x, single.sharded)
-  fixed = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))
+  fixed = Batch({"image": put(images), "label": put(labels)},
+                put(np.full(batch, 1 / batch, np.float32)), put(np.zeros(2, np.int32)))
 
   def run_single(n):
     for _ in range(n * workers):  # the same number of updates as n sim steps

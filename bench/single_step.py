@@ -22,11 +22,12 @@ from bench.timing import interleaved, machine, report
 from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Batch, Problem
 from jaxdl.config import RunConfig
-from jaxdl.data import WorkerStreams
+from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.data.sources import load_synthetic
 from jaxdl.engines import MeshEngine
 from jaxdl.models import MODELS, build_model
 from jaxdl.optim import make_optimizer
+from jaxdl.task import classification
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +80,17 @@ def bench_case(case: str, args: Args) -> float:
   labels = jax.device_put(rng.integers(0, 10, batch).astype(np.int32))
 
   config = RunConfig.make(model=name, lr=0.01, schedule="constant", batch_size=batch)
-  problem = Problem(build_model(name, 10, image_shape),
+  problem = Problem(classification(build_model(name, 10, image_shape)),
                     make_optimizer(config.optim, 10**6, 100))
-  streams = WorkerStreams(load_synthetic(image_shape, 10, train_size=batch, test_size=1).train,
-                          (batch,), seed=0)
+  synthetic = load_synthetic(image_shape, 10, train_size=batch, test_size=1)
+  streams = WorkerStreams(ImageFields(synthetic.train), (batch,), seed=0)
   sgd = ALGORITHMS.get("sgd")
   engine = MeshEngine(algorithms.build(sgd, config.settings(), problem, 1), problem, streams,
                       config)
   jaxdl_state = [engine.init(jax.random.key(0))]
   put = lambda x: jax.device_put(x, engine.sharded)
-  jaxdl_batch = Batch(put(images), put(labels), put(np.full(batch, 1 / batch, np.float32)))
+  jaxdl_batch = Batch({"image": put(images), "label": put(labels)},
+                put(np.full(batch, 1 / batch, np.float32)), put(np.zeros(2, np.int32)))
 
   def run_jaxdl(n):
     for _ in range(n):

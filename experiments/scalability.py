@@ -38,6 +38,7 @@ from jaxdl.config import resolve
 from jaxdl.engines.sim import flops_per_batch, make_schedule
 from jaxdl.models import build_model
 from jaxdl.trace import step_ends
+from jaxdl.task import classification
 
 # (label, algorithm, settings)
 ALGORITHMS = (("bsp", "bsp", {}), ("ar_sgd", "ar_sgd", {}), ("asp", "asp", {}),
@@ -66,10 +67,10 @@ class Args:
 def model_costs(name: str, batch: int, profile: str, classes: int) -> tuple[float, int]:
   """(seconds of one worker's gradient on `batch` images, bytes of the model)."""
   model = build_model(name, classes, (224, 224, 3), "auto")
-  problem = Problem(model, optax.sgd(0.1))
+  problem = Problem(classification(model), optax.sgd(0.1))
   streams = types.SimpleNamespace(  # all that flops_per_batch reads
-      batch_sizes=(batch,),
-      split=types.SimpleNamespace(gather=lambda i: (np.zeros((len(i), 224, 224, 3)),)))
+      batch_sizes=(batch,), example={"image": np.zeros((1, 224, 224, 3), np.float32),
+                                     "label": np.zeros(1, np.int32)})
   flops = flops_per_batch(problem, streams)
   return flops / cluster.achieved_flops(profile), problem.model_bytes()
 
@@ -77,7 +78,7 @@ def model_costs(name: str, batch: int, profile: str, classes: int) -> tuple[floa
 @functools.cache
 def _stand_in() -> Problem:
   """A small model to build algorithm shapes with (see `throughput`)."""
-  return Problem(build_model("mlp", 10, (8, 8, 1)), optax.sgd(0.1))
+  return Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
 
 
 def throughput(algorithm: str, settings: dict, workers: int, network: str, compute_s: float,

@@ -370,8 +370,14 @@ SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
                   "straggler_prob", "straggler_slowdown")
 
 
-def validate(config: RunConfig) -> RunConfig:
-  """Checks every field that can be checked without data; returns the config."""
+TASK_PREFIX = "task:"
+"""--dataset and --model of a run of a script's own task: task:NAME."""
+
+
+def validate(config: RunConfig, task: Any = None) -> RunConfig:
+  """Checks every field that can be checked without data; returns the config.
+  `task`: a script's own `jaxdl.Task`, which --dataset and --model then name
+  (``task:NAME``, jaxdl.task.with_task)."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
   from jaxdl import cluster, data, models, optim
@@ -396,11 +402,16 @@ def validate(config: RunConfig) -> RunConfig:
     raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
   if c["resume"] and c["overwrite"]:
     raise ConfigError("overwrite", True, "not together with --resume")
-  data.check_name(c["dataset"])
-  data.check_image_size(c["dataset"], c["image_size"])
+  for field in ("dataset", "model"):
+    if c[field].startswith(TASK_PREFIX) and task is None:
+      raise ConfigError(field, c[field], "a name from `jaxdl list`: task:NAME is a script's "
+                        "own task, which only its script can run (jaxdl.run(config, task=...))")
+  if task is None:
+    data.check_name(c["dataset"])
+    data.check_image_size(c["dataset"], c["image_size"])
+    models.MODELS.get(c["model"])
   cluster.parse_bandwidth(c["network"])
   cluster.parse_cluster(c["cluster"])
-  models.MODELS.get(c["model"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
   batch_sizes(config)
   resolve(config)

@@ -16,25 +16,30 @@ from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
 from jaxdl.checkpoint import Checkpointer, abstract
 from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve,
                           validate)
-from jaxdl.data import Dataset, Split, WorkerStreams, load_dataset
+from jaxdl.data import Streams, load_dataset, make_streams
 from jaxdl.engines import ENGINES, Engine
-from jaxdl.errors import ConfigError
+from jaxdl.errors import ConfigError, TaskError
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import build_model, count_params
 from jaxdl.optim import make_optimizer, with_defaults
+from jaxdl.task import Task, check_task, classification, with_task
 
 
 def default_out(config: RunConfig) -> Path:
-  name = config.data.dataset.replace(":", "-").replace("/", "_")
-  return Path("runs") / f"{config.algorithm.algorithm}-{name}-{config.model.model}-seed{config.train.seed}"
+  """runs/<algorithm>-<dataset>-<model>-seed<seed>, or for a script's task
+  runs/<algorithm>-<task>-seed<seed>."""
+  what = (config.data.dataset if config.data.dataset == config.model.model
+          else f"{config.data.dataset}-{config.model.model}")
+  name = what.replace(":", "-").replace("/", "_")
+  return Path("runs") / f"{config.algorithm.algorithm}-{name}-seed{config.train.seed}"
 
 
 @dataclasses.dataclass
 class Setup:
   """Everything a run builds from its config before training starts."""
   config: RunConfig
-  dataset: Dataset
-  streams: WorkerStreams
+  task: Task
+  streams: Streams
   spec: AlgorithmSpec
   algorithm: Shape
   problem: Problem
@@ -43,32 +48,50 @@ class Setup:
   global_batch: int
 
 
-def setup(config: RunConfig, streams: WorkerStreams | None = None) -> Setup:
-  """Validates `config` and builds its data, model, algorithm and engine;
-  writes nothing. `streams` replaces the config's data streams (tests)."""
-  validate(config)
-  spec, engine_name = resolve(config)
+def build_task(config: RunConfig) -> Task:
+  """The image-classification task of the config's --dataset and --model."""
   data = config.data
   dataset = load_dataset(data.dataset, data_dir=data.data_dir, image_size=data.image_size)
-  streams = streams or WorkerStreams(dataset.train, batch_sizes(config), config.train.seed)
+  model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
+                      config.model.stem)
+  return classification(model, dataset)
+
+
+def setup(config: RunConfig, streams: Streams | None = None, task: Task | None = None) -> Setup:
+  """Validates `config` and builds its task (`task`, or the config's dataset
+  and model), data streams, algorithm and engine; writes nothing. `streams`
+  replaces the task's data streams (tests)."""
+  config = with_task(config, task)
+  validate(config, task)
+  spec, engine_name = resolve(config)
+  task = task or build_task(config)
+  streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
+                                    task.name)
+  if len(set(streams.batch_sizes)) > 1 and not task.weighted:
+    raise TaskError(task.name, "loss", "a weighted loss (Task(weighted=True), reading "
+                    f"batch['weight']) for unequal batch sizes {list(streams.batch_sizes)}: "
+                    "smaller batches are padded")
+  if (config.algorithm.sync_bn or config.algorithm.async_bn) and not task.batch_stats:
+    flag = "sync_bn" if config.algorithm.sync_bn else "async_bn"
+    raise ConfigError(flag, True, f"left unset: task {task.name!r} has no batch norm that "
+                      "takes stats (Task(batch_stats=True))")
   # Epochs count the samples of all workers together: an epoch is the number
   # of steps in which the workers, each through its own shard, see the
   # training set once.
   total = config.train.steps or max(1, round(config.train.epochs * streams.steps_per_epoch))
-  model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
-                      config.model.stem)
   # A parameter server's optimizer updates once per push, M times a step
   # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
   m = config.algorithm.workers
   per_step = m if spec.shape is Centralized else 1
   optim = with_defaults(config.optim, spec.optim_defaults and spec.optim_defaults(m))
   optimizer = make_optimizer(optim, total, streams.steps_per_epoch, per_step)
-  problem = Problem(model, optimizer,
-                    sync_bn=config.algorithm.sync_bn, async_bn=config.algorithm.async_bn)
+  problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
+                    async_bn=config.algorithm.async_bn, seed=config.train.seed)
+  check_task(problem, streams)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)
   engine = ENGINES.get(engine_name)(algorithm, problem, streams, config, total)
-  return Setup(config, dataset, streams, spec, algorithm, problem, engine, total,
+  return Setup(config, task, streams, spec, algorithm, problem, engine, total,
                sum(streams.batch_sizes))
 
 
@@ -81,38 +104,43 @@ def _check_resumable(out: Path, config: RunConfig) -> None:
 
 
 class Evaluator:
-  """Loss and accuracy on a test split, in fixed-size padded batches (one compile)."""
+  """The task's evaluation on its test data, in batches of up to `batch_size`
+  examples (the last one smaller), averaged over examples: ``test_<metric>``."""
 
-  def __init__(self, problem: Problem, split: Split, batch_size: int = 1000):
-    self._split, self._fn = split, jax.jit(problem.evaluate)
-    self._batch_size = min(batch_size, len(split))
+  def __init__(self, task: Task, batch_size: int = 1000):
+    self._task, self._fn = task, jax.jit(task.evaluation)
+    self._size = len(task.test) if task.test is not None else 0
+    self._batch_size = min(batch_size, self._size)
     self._cached: list | None = None
 
   def _batches(self):
     if self._cached is not None:
       yield from self._cached
       return
-    batches, n, bs = [], len(self._split), self._batch_size
-    for start in range(0, n, bs):
-      images, labels = self._split.gather(np.arange(start, min(start + bs, n)))
-      pad = bs - len(labels)
-      mask = np.concatenate([np.ones(len(labels), np.float32), np.zeros(pad, np.float32)])
-      batch = (np.pad(images, [(0, pad)] + [(0, 0)] * (images.ndim - 1)),
-               np.pad(labels, (0, pad)), mask)
+    batches, nbytes = [], 0
+    for start in range(0, self._size, self._batch_size):
+      batch = self._task.test.gather(np.arange(start, min(start + self._batch_size,
+                                                          self._size)))
+      nbytes += sum(v.nbytes for v in batch.values())
       batches.append(batch)
       yield batch
-    if n * images[0].nbytes <= 256 * 2**20:  # small test sets stay in memory
+    if nbytes <= 256 * 2**20:  # small test sets stay in memory
       self._cached = batches
 
   def __call__(self, params, model_state) -> dict[str, float]:
-    sums = [self._fn(params, model_state, *batch) for batch in self._batches()]
-    total = jax.device_get(jax.tree.map(lambda *xs: sum(xs), *sums))
-    return {"test_accuracy": float(total["correct"] / total["count"]),
-            "test_loss": float(total["loss_sum"] / total["count"])}
+    if not self._size:
+      return {}
+    sums: dict[str, float] = {}
+    for batch in self._batches():
+      metrics = jax.device_get(self._fn(params, model_state, batch))
+      rows = len(next(iter(batch.values())))
+      for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + float(v) * rows
+    return {f"test_{k}": v / self._size for k, v in sums.items()}
 
 
-def run(config: RunConfig | None = None, *, announce: Callable[[Path], None] | None = None,
-        **overrides: Any) -> dict[str, Any]:
+def run(config: RunConfig | None = None, *, task: Task | None = None,
+        announce: Callable[[Path], None] | None = None, **overrides: Any) -> dict[str, Any]:
   """Trains as `config` says and returns the run's summary (also in summary.json).
   `announce(run_directory)` is called once the config is accepted, before
   training (the CLI prints it).
@@ -122,14 +150,18 @@ def run(config: RunConfig | None = None, *, announce: Callable[[Path], None] | N
   before anything is written. A run whose training loss diverges (see
   `divergence`) stops and returns, without raising, a summary whose
   ``"status"`` is ``"diverged"`` (else ``"completed"``).
+
+  `task`: a script's own `jaxdl.Task` (model, loss, data, evaluation) in
+  place of --dataset and --model, which then name it ``task:NAME``; a
+  resume passes the same task again.
   """
-  config = (config or RunConfig()).replace(**overrides)
-  validate(config)
+  config = with_task((config or RunConfig()).replace(**overrides), task)
+  validate(config, task)
   distributed.initialize(config.distributed)
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():
     rundir.check_output(out, config.output.resume, config.output.overwrite)
-  built = setup(config)
+  built = setup(config, task=task)
   resume = config.output.resume
   resuming = resume and (out / rundir.CONFIG).exists()
   if resuming:
@@ -212,7 +244,7 @@ class _Training:
     self.previous = self._previous_trace() if self.start else []
     self.log = (rundir.MetricsLog(out, self.start if resuming else None)
                 if distributed.is_main() else rundir.NullLog())
-    self.evaluator = Evaluator(setup.problem, setup.dataset.test)
+    self.evaluator = Evaluator(setup.task)
     self.last_eval: dict[str, float] = {}
     last_loss = self.log.last.get("train_loss")
     self.last_train = {"loss": float("nan") if last_loss is None else last_loss}
@@ -255,9 +287,10 @@ class _Training:
           rate = (done - window_step) * s.global_batch / max(now - window_t, 1e-9)
           window_t, window_step = now, done
           self._log(done, now, rate, evaluate)
-          bar.set_postfix(loss=f"{self.last_train['loss']:.4f}",
-                          acc=f"{self.last_eval.get('test_accuracy', float('nan')):.4f}",
-                          samples_s=f"{rate:.0f}", refresh=False)
+          target = self.last_eval.get(s.task.target_metric, float("nan"))
+          bar.set_postfix({"loss": f"{self.last_train['loss']:.4f}",
+                           s.task.target_metric: f"{target:.4f}",
+                           "samples_s": f"{rate:.0f}"}, refresh=False)
         bar.update(1)
         if self.diverged:
           break
@@ -292,6 +325,7 @@ class _Training:
     record = {"step": step, "epoch": step / self.s.streams.steps_per_epoch,
               "samples": step * self.s.global_batch,
               "train_loss": self.last_train["loss"],
+              **{f"train_{k}": v for k, v in self.last_train.items() if k != "loss"},
               "wall_time_s": wall, "samples_per_s": rate}
     if evaluated:
       record.update(self.last_eval)
@@ -342,9 +376,11 @@ class _Training:
         "wall_time_s": wall, "samples_per_s": samples / wall if wall else float("nan"),
         "params_fingerprint": fingerprint(params),
         "model_state_fingerprint": fingerprint(model_state),
-        "num_params": count_params(s.problem.model),
+        "num_params": count_params(s.task.init),
         "algorithm": s.spec.name, "workers": s.config.algorithm.workers,
         "dataset": s.config.data.dataset, "model": s.config.model.model,
+        "task": s.task.name, "target_metric": s.task.target_metric,
+        "higher_is_better": s.task.higher_is_better, **s.task.info,
         "seed": s.config.train.seed,
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         **s.engine.figures(),

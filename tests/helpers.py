@@ -9,49 +9,35 @@ import jax
 import numpy as np
 
 from jaxdl.config import RunConfig
-from jaxdl.data import WorkerStreams, load_dataset
+from jaxdl.data import Streams, WorkerStreams, load_dataset
+from jaxdl.models import build_model
 from jaxdl.runner import Setup, setup
 
 DIGITS = load_dataset("digits")
 
 
-class OneWorkerStreams:
+class OneWorkerStreams(Streams):
   """A one-worker stream whose batch at each step is rows of another
-  stream's training split; it looks like WorkerStreams (num_workers,
-  batch_sizes, steps_per_epoch, weights(), split, indices, batch,
-  stacked_batch), so any engine takes it.
+  stream's training split; any engine takes it (jaxdl.data.Streams).
 
   `rows(step)` gives the training-set indices of the step's batch; each of
   them weighs 1 / (the batch size): one worker's batch is the global batch.
   """
 
-  num_workers = 1
-
   def __init__(self, inner: WorkerStreams, batch_size: int, steps_per_epoch: int):
-    self.inner, self.split = inner, inner.split
+    self.inner, self.split, self.seed = inner, inner.split, inner.seed
+    self.in_memory = inner.in_memory
     self.batch_sizes, self.steps_per_epoch = (int(batch_size),), int(steps_per_epoch)
 
   def rows(self, step: int) -> np.ndarray:
     raise NotImplementedError
 
   def indices(self, worker: int, step: int) -> np.ndarray:
-    if worker != 0:
-      raise IndexError(f"worker {worker} of 1")
+    self._check_position(worker, step)
     return self.rows(step)
 
-  def batch(self, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+  def batch(self, worker: int, step: int) -> dict[str, np.ndarray]:
     return self.split.gather(self.indices(worker, step))
-
-  def weights(self) -> np.ndarray:
-    return np.full((1, self.batch_sizes[0]), 1.0 / self.batch_sizes[0], np.float32)
-
-  def stacked_batches(self, pairs: Sequence[tuple[int, int]]):
-    images, labels = zip(*(self.batch(w, t) for w, t in pairs), strict=True)
-    return (np.stack(images), np.stack(labels),
-            np.repeat(self.weights(), len(pairs), axis=0))
-
-  def stacked_batch(self, step: int, workers: Sequence[int] | None = None):
-    return self.stacked_batches([(w, step) for w in (workers or [0])])
 
 
 class ConcatenatedStreams(OneWorkerStreams):
@@ -86,6 +72,11 @@ class WorkerOfStreams(OneWorkerStreams):
 
   def rows(self, step):
     return self.inner.indices(self.w, step)
+
+
+def zoo_model(run: Setup):
+  """The zoo model a run of a config trains, on digits (its own copy)."""
+  return build_model(run.config.model.model, DIGITS.num_classes, DIGITS.image_shape)
 
 
 def make_setup(config: RunConfig, streams=None, total_steps: int = 60) -> Setup:

@@ -208,7 +208,7 @@ def test_sim_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_pat
 def test_progress_bar_shows_loss_accuracy_and_throughput(tmp_path, capsys):
   assert main(["run", "--out", str(tmp_path / "r"), "--model", "mlp", "--epochs", "1"]) == 0
   err = capsys.readouterr().err
-  assert "loss=" in err and "acc=" in err and "samples_s=" in err and "44/44" in err
+  assert "loss=" in err and "test_accuracy=" in err and "samples_s=" in err and "44/44" in err
 
 
 def test_list_flags_take_commas_or_spaces():

@@ -14,39 +14,43 @@ from jaxdl.config import RunConfig
 
 BASE = dict(dataset="digits", model="mlp", batch_size=16, lr=0.05, momentum=0.0,
             schedule="constant", steps=25, progress=False)
+# All re-recorded when initialization was compiled with XLA's default
+# optimization instead of level 0 (which rounds the random initializers
+# differently), so that a run starts from the bits of its task's init(key)
+# called by hand; sgd_mesh also runs as a plain jit on one device.
 CASES = {
     "sgd_mesh": (dict(algorithm="sgd", engine="mesh", momentum=0.9),
-                 "5108c10be27abb6db0459b53be6d0ad0d72c1bd599ccf28ad1ffab3782e99086"),
+                 "2650ae716cd012968be836d2f0fbcbbc5359924ed72a66efeb03bb61891da345"),
     # on 4 of the 8 CPU devices that conftest.py fakes
     "bsp_mesh": (dict(algorithm="bsp", engine="mesh", workers=4, momentum=0.9),
-                 "a9c7eed71c8969b0880ee6ef4e3580bb62084f0fba4e6693bcda7a6393ea8309"),
+                 "c9b8ac6cd287150f7d76ffc1704bb489436b33396281dc537d8daa973184a88f"),
     "asp_sim_equal": (dict(algorithm="asp", engine="sim", workers=4, compute_time=1e-3),
-                      "74f37244ac2ff658c018c390d4ff30b1288fa26f5acdd1b01c45ee92c5ec63a1"),
+                      "8ff2e584be9e6302fc3b857e14640f31c8e4e1d3982b5f7e462627d304809bac"),
     "asp_sim_jitter": (dict(algorithm="asp", engine="sim", workers=4, jitter=0.3,
                             compute_time=1e-3),
-                       "1d5cd2207b9ba6f3bce4669c73b0f670044f512500adcd4f2253ccd179e4d64b"),
+                       "e215634cdd52bf863ee77a80b8ddb0f2abd59b0008708985830042f6a5bf8fed"),
     "ssp_sim_jitter": (dict(algorithm="ssp", engine="sim", workers=4, jitter=0.3,
                             staleness_bound=1, compute_time=1e-3),
-                       "1b0f9245614fd09a662d62a877578a284b42acc0b67a6b219226a3f526701bee"),
+                       "97c41a3b352605c8823b75ec2f2faa1ff26691a80da088fdaec7a27b98f08349"),
     # Re-recorded when a gossip message became fixed at its push (the sender's
     # model and half weight then), held in flight until it arrives; it was the
     # sender's model at the arrival.
     "gosgd_sim": (dict(algorithm="gosgd", engine="sim", workers=4, gossip_probability=0.5,
                        compute_time=1e-3),
-                  "84211363c466bc38a6784fc7416882617f3ad138d7b86a0fdb303bb2d241c8ff"),
+                  "46525a0969e2be8f91d4a013990b2dd18abb4348b4a30b29c141191f3a8ab8cc"),
     # Re-recorded with requirements.lock: a fresh environment's packages gave
     # other bits for this one case than those it was first recorded with
     # (the same code; its schedule's cap never bound).
     "dc_asgd_sim": (dict(algorithm="dc_asgd", engine="sim", workers=4, jitter=0.3,
                          dc_adaptive=True, dc_lambda=2.0, compute_time=1e-3),
-                    "f5a3bae3d9bb774d2e0b5aad0d6633e1ea734a02cd388d825639a0d47ad50593"),
+                    "743fe5dd79455479364ab54fbeb6a7a6e3005c37aa7f9da97ee6df84598cad32"),
     "lc_asgd_sim": (dict(algorithm="lc_asgd", engine="sim", workers=4, jitter=0.3,
                          compute_time=1e-3),
-                    "22bf47833cdf2a738f182ecee390891255e87837fdea0618290e00ce973cb9b5"),
+                    "852f0e637e56f41eb5e09bf2f430fb3898f770119ab506df0c390d4e3769f929"),
     "easgd_sim": (dict(algorithm="easgd", engine="sim", workers=4, compute_time=1e-3),
-                  "a0811d265f91e5a1c75a9b82db82c5f342f404631d9d3d11e7ef9244940b00a5"),
+                  "cde7c2edda063ed548bde4c2c76057cd2c02d1a3617ec1dfe240c52344573418"),
     "ad_psgd_sim": (dict(algorithm="ad_psgd", engine="sim", workers=4, compute_time=1e-3),
-                    "7deaec34619eb93a25a2d44edd2256ecd97bc993284b8603bf47f72f35d3295e"),
+                    "d4c913c45e12485a17048962ca04ee1eed8883c939379a3ae7ef1037c6f55032"),
 }
 
 

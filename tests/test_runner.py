@@ -9,7 +9,7 @@ import pytest
 import jaxdl
 from jaxdl.algorithms import ALGORITHMS, Centralized
 from jaxdl.config import RunConfig
-from jaxdl.data import WorkerStreams, load_dataset
+from jaxdl.data import ImageFields, WorkerStreams, load_dataset
 from jaxdl.errors import ConfigError
 from jaxdl.runner import setup
 
@@ -58,7 +58,7 @@ def test_setup_builds_what_a_run_builds_and_writes_nothing(tmp_path):
   assert built.streams.num_workers == 4 and built.global_batch == 4 * 32
   assert built.total_steps == round(2 * built.streams.steps_per_epoch)
   # streams given replace the config's: the step count follows theirs
-  streams = WorkerStreams(load_dataset("digits").train, (16, 16, 16, 16), 0)
+  streams = WorkerStreams(ImageFields(load_dataset("digits").train), (16, 16, 16, 16), 0)
   built = setup(config, streams)
   assert built.streams is streams and built.global_batch == 64
   assert built.total_steps == round(2 * streams.steps_per_epoch)

@@ -40,12 +40,12 @@ class WorkerState(NamedTuple):
 
 def init_server(problem: Problem, key, optimizer: optax.GradientTransformation) -> ServerState:
   """The server's parameters and the state of its update rule."""
-  params, _ = problem.model.init(key)
+  params, _ = problem.init_model(key)
   return ServerState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
 
 def init(problem: Problem, key) -> WorkerState:
-  params, model_state = problem.model.init(key)
+  params, model_state = problem.init_model(key)
   return WorkerState(params, model_state, jax.tree.map(jnp.zeros_like, params))
 
 

@@ -50,7 +50,7 @@ def wrap(algorithm: Centralized | Elastic, problem: Problem, decay: float,
   received_by = getattr(algorithm, receive)
 
   def init_server(key) -> ServerState:
-    return ServerState(algorithm.init_server(key), problem.model.init(key)[1])
+    return ServerState(algorithm.init_server(key), problem.init_model(key)[1])
 
   def received(server: ServerState, worker, *timing):
     inner, updated = received_by(server.inner, worker, *timing)

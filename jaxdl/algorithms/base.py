@@ -9,18 +9,18 @@ import jax.numpy as jnp
 import optax
 
 from jaxdl.algorithms.collectives import WorkerAxis
-from jaxdl.models import Model
 from jaxdl.models.layers import BatchStats
 from jaxdl.settings import Settings
+from jaxdl.task import Task
 
 Metrics = dict[str, jax.Array]
 
 
 class Batch(NamedTuple):
   """One worker's batch, padded to the largest worker's batch size."""
-  images: jax.Array   # B x H x W x C, float32
-  labels: jax.Array   # B, int32
+  fields: dict[str, jax.Array]  # the task's data, each B x ...
   weights: jax.Array  # B, float32: 1/B_global for real examples, 0 for padding
+  ids: jax.Array      # (2,) int32: (worker, the worker's step), which the loss's key is of
 
   @property
   def mask(self) -> jax.Array:
@@ -36,38 +36,59 @@ class TrainState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-  """What every algorithm trains: a model with an optax update rule.
+  """What every algorithm trains: a task with an optax update rule.
 
-  Losses are weighted sums: a worker's batch weights sum to its share b_m / B
-  of the global batch, so summing gradients over workers gives the gradient of
+  Losses are weighted sums: a worker's loss counts as its share b_m / B of
+  the global batch, so summing gradients over workers gives the gradient of
   the global batch's mean loss (Choi's weighted aggregation), and padded
-  examples (weight 0) count for nothing.
+  examples (weight 0) count for nothing. A task's loss is its batch's mean
+  times the share, or, for a `weighted` task, its own weighted sum.
   """
-  model: Model
+  task: Task
   optimizer: optax.GradientTransformation
   sync_bn: bool = False  # batch-norm statistics over all workers' batches
   # Async-BN: a worker's batch-norm state holds its last batch's statistics
   # (momentum 0), which the server averages (jaxdl.algorithms.async_bn).
   async_bn: bool = False
+  seed: int = 0          # the loss's keys derive from it
+
+  def init_model(self, key: jax.Array):
+    """(params, model_state) of a fresh model."""
+    return self.task.init(key)
 
   def model_bytes(self) -> int:
     """Bytes of one copy of the parameters (what a push or a pull moves)."""
-    shapes = jax.eval_shape(lambda: self.model.init(jax.random.key(0))[0])
+    shapes = jax.eval_shape(lambda: self.task.init(jax.random.key(0))[0])
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
 
   def init_state(self, key: jax.Array) -> TrainState:
-    params, model_state = self.model.init(key)
+    params, model_state = self.task.init(key)
     return TrainState(params, model_state, self.optimizer.init(params))
 
-  def _loss(self, params, model_state, batch: Batch, axis: WorkerAxis):
-    stats = BatchStats(mask=batch.mask, psum=axis.psum if self.sync_bn else None,
-                       momentum=0.0 if self.async_bn else None)
-    logits_BxK, model_state = self.model.apply(params, model_state, batch.images, True, stats)
-    losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch.labels)
-    loss = jnp.sum(losses_B * batch.weights)
-    # Only the loss: accuracy comes from evaluation, and an argmax in every
-    # step costs small models ~10% (bench/ar_sgd_step.py).
-    return loss, (model_state, {"loss": loss})
+  def batch_key(self, ids: jax.Array) -> jax.Array:
+    """The loss's key for a worker's step: a function of (seed, worker, step)."""
+    key = jax.random.fold_in(jax.random.key(self.seed), 1)  # 0: initialisation
+    return jax.random.fold_in(jax.random.fold_in(key, ids[0]), ids[1])
+
+  def task_loss(self, params, model_state, batch: Batch, axis: WorkerAxis | None = None):
+    """The task's own loss on the batch: (loss, (model state, metrics))."""
+    fields = dict(batch.fields)
+    kwargs = {}
+    if self.task.weighted:
+      fields["weight"] = batch.weights
+    if self.task.batch_stats:
+      kwargs["stats"] = BatchStats(mask=batch.mask,
+                                   psum=axis.psum if self.sync_bn and axis else None,
+                                   momentum=0.0 if self.async_bn else None)
+    return self.task.loss(params, model_state, fields, self.batch_key(batch.ids), **kwargs)
+
+  def _loss(self, params, model_state, batch: Batch, axis: WorkerAxis, share: bool):
+    loss, (model_state, metrics) = self.task_loss(params, model_state, batch, axis)
+    metrics = {**metrics, "loss": loss}
+    if share and not self.task.weighted:  # the mean times this worker's share
+      weight = batch.weights.sum()
+      loss, metrics = loss * weight, {k: v * weight for k, v in metrics.items()}
+    return loss, (model_state, metrics)
 
   def gradients(self, params, model_state, batch: Batch, axis: WorkerAxis):
     """This worker's share of the global gradient -> (grads, model state, metrics).
@@ -75,12 +96,17 @@ class Problem:
     Metrics are shares too: their sum over workers is the global batch's mean.
     """
     grad_fn = jax.grad(self._loss, has_aux=True)
-    grads, (model_state, metrics) = grad_fn(params, model_state, batch, axis)
+    grads, (model_state, metrics) = grad_fn(params, model_state, batch, axis, True)
     return grads, model_state, metrics
 
   def own_gradients(self, params, model_state, batch: Batch):
     """A lone worker's mean gradient on its own batch -> (grads, model state,
     metric shares). Asynchronous workers share no collective."""
+    if not self.task.weighted:
+      grad_fn = jax.grad(self._loss, has_aux=True)
+      grads, (model_state, metrics) = grad_fn(params, model_state, batch, WorkerAxis(1), False)
+      share = batch.weights.sum()
+      return grads, model_state, {k: v * share for k, v in metrics.items()}
     grads, model_state, metrics = self.gradients(params, model_state, batch, WorkerAxis(1))
     share = batch.weights.sum()  # b_m / B
     return jax.tree.map(lambda g: g / share, grads), model_state, metrics
@@ -88,15 +114,6 @@ class Problem:
   def apply_gradients(self, state: TrainState, grads, model_state) -> TrainState:
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     return TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
-
-  def evaluate(self, params, model_state, images, labels, mask_B) -> Metrics:
-    """Sums over the unmasked examples: loss, correct, count."""
-    logits_BxK, _ = self.model.apply(params, model_state, images, False)
-    losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, labels)
-    correct_B = jnp.argmax(logits_BxK, -1) == labels
-    return {"loss_sum": jnp.sum(losses_B * mask_B),
-            "correct": jnp.sum(correct_B * mask_B),
-            "count": jnp.sum(mask_B)}
 
 
 def mean_over_workers(stacked):

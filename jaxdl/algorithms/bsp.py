@@ -42,7 +42,7 @@ class BSPState(NamedTuple):
 
 def _flat_layout(problem: Problem, num_workers: int):
   """(number of parameters, padded length divisible by M, unravel)."""
-  shapes = jax.eval_shape(lambda: problem.model.init(jax.random.key(0))[0])
+  shapes = jax.eval_shape(lambda: problem.init_model(jax.random.key(0))[0])
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   flat, unravel = ravel_pytree(zeros)
   size = flat.size
@@ -59,7 +59,7 @@ def build(settings, problem: Problem, num_workers: int) -> Collective:
   chunk = padded // num_workers
 
   def init(key, worker) -> BSPState:
-    params, model_state = problem.model.init(key)
+    params, model_state = problem.init_model(key)
     flat = _pad(ravel_pytree(params)[0], padded)
     server_params = lax.dynamic_slice(flat, (worker * chunk,), (chunk,))
     return BSPState(server_params, problem.optimizer.init(server_params), model_state)

@@ -58,7 +58,7 @@ def build(settings: EASGDSettings, problem: Problem, num_workers: int) -> Elasti
   alpha = 0.9 / num_workers if settings.elasticity is None else settings.elasticity
   period = settings.communication_period
   return Elastic(
-      init_server=lambda key: Center(problem.model.init(key)[0]),
+      init_server=lambda key: Center(problem.init_model(key)[0]),
       init=lambda key, worker: problem.init_state(key),  # every worker starts at the center
       local=lambda worker, batch: local(problem, worker, batch),
       exchange=lambda center, worker: exchange(alpha, center, worker),

@@ -7,12 +7,14 @@ from typing import Callable
 
 from jaxdl.data import sources
 from jaxdl.data.base import Dataset, Split
-from jaxdl.data.streams import WorkerStreams, partition_batch
+from jaxdl.data.fields import ArrayFields, FunctionData, ImageFields, IterableData
+from jaxdl.data.streams import Streams, WorkerStreams, make_streams, partition_batch
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 
-__all__ = ["DATASETS", "Dataset", "Split", "WorkerStreams", "check_image_size", "check_name", "describe_datasets",
-           "load_dataset", "partition_batch"]
+__all__ = ["DATASETS", "ArrayFields", "Dataset", "FunctionData", "ImageFields", "IterableData",
+           "Split", "Streams", "WorkerStreams", "check_image_size", "check_name",
+           "describe_datasets", "load_dataset", "make_streams", "partition_batch"]
 
 
 @dataclasses.dataclass(frozen=True)

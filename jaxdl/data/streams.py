@@ -1,19 +1,22 @@
-"""Per-worker data streams: each worker reads its own shard, deterministically.
+"""Per-worker data streams: each worker reads its own batches, deterministically.
 
 A worker's batch at a step is a pure function of (seed, worker, step), so a
 run that restarts from a checkpoint at step t reads exactly the batches it
 would have read without the restart, and simulated and real clusters agree.
+A batch is a dict of fields (jaxdl.data.fields); `make_streams` picks the
+streams for a task's kind of data.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from jaxdl.data.base import Split
-from jaxdl.errors import ConfigError
+from jaxdl.data.fields import Fields, FunctionData, IterableData, check_fields
+from jaxdl.errors import ConfigError, TaskError
 
 
 def _largest_remainder(total: int, weights: Sequence[float],
@@ -56,8 +59,90 @@ def partition_batch(global_batch: int,
   return _largest_remainder(int(global_batch), speeds, minimum=1)
 
 
-class WorkerStreams:
-  """Training batches for M workers, each drawing from its own shard.
+def _check_batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
+  if not batch_sizes:
+    raise ConfigError("workers", 0, "at least 1")
+  for b in batch_sizes:
+    if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1:
+      raise ConfigError("batch_size", b, "a positive integer per worker")
+  return tuple(int(b) for b in batch_sizes)
+
+
+class Streams:
+  """What every kind of stream gives the engines: each worker's batch at each
+  of its steps (`batch`), and batches padded and stacked for a jitted call.
+
+  Subclasses set `batch_sizes`, `seed`, `steps_per_epoch` and `task`, and
+  define `batch`.
+  """
+  batch_sizes: tuple[int, ...]
+  seed: int
+  steps_per_epoch: int
+  task: str = "custom"
+  in_memory = False  # WorkerStreams over in-memory arrays: gathers by index
+
+  @property
+  def num_workers(self) -> int:
+    return len(self.batch_sizes)
+
+  def epoch_of(self, step: int) -> int:
+    return step // self.steps_per_epoch
+
+  def batch(self, worker: int, step: int) -> Fields:
+    """The fields of `worker`'s batch at its `step`; depends on nothing else."""
+    raise NotImplementedError
+
+  @functools.cached_property
+  def example(self) -> Fields:
+    """Worker 0's first batch: what the fields look like."""
+    return self.batch(0, 0)
+
+  def _check_position(self, worker: int, step: int) -> None:
+    if not 0 <= worker < self.num_workers:
+      raise IndexError(f"worker {worker} of {self.num_workers}")
+    if step < 0:
+      raise IndexError(f"step {step} is negative")
+
+  def global_batch(self, step: int) -> Fields:
+    """All workers' batches at `step`, concatenated in worker order."""
+    parts = [self.batch(w, step) for w in range(self.num_workers)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+  def stacked_batch(self, step: int, workers: Sequence[int] | None = None):
+    """Workers' batches at `step` (all workers, or those listed), padded to the
+    largest batch size and stacked; see `stacked_batches`."""
+    workers = range(self.num_workers) if workers is None else workers
+    return self.stacked_batches([(w, step) for w in workers])
+
+  def weights(self) -> np.ndarray:
+    """(M, b_max) float32: each worker's example weights, 1/B for its real
+    examples (B = sum of all batch sizes) and 0 for padding to b_max."""
+    b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
+    return np.stack([np.where(np.arange(b_max) < b, 1.0 / total, 0.0)
+                     for b in self.batch_sizes]).astype(np.float32)
+
+  def stacked_batches(self, pairs: Sequence[tuple[int, int]]
+                      ) -> tuple[Fields, np.ndarray, np.ndarray]:
+    """The batches of (worker, step) pairs, padded with zeros to the largest
+    batch size and stacked: fields (N, b_max, ...), weights (N, b_max), 1/B
+    for real examples (B = sum of all batch sizes) and 0 for padding, and
+    ids (N, 2), each batch's (worker, step)."""
+    b_max, all_weights = max(self.batch_sizes), self.weights()
+    fields, weights = [], []
+    for worker, step in pairs:
+      b, batch = self.batch_sizes[worker], self.batch(worker, step)
+      if b < b_max:  # np.pad copies even when there is nothing to pad
+        batch = {k: np.pad(v, [(0, b_max - b)] + [(0, 0)] * (v.ndim - 1))
+                 for k, v in batch.items()}
+      fields.append(batch)
+      weights.append(all_weights[worker])
+    stacked = {k: np.stack([f[k] for f in fields]) for k in fields[0]}
+    return stacked, np.stack(weights), np.asarray(pairs, np.int32).reshape(-1, 2)
+
+
+class WorkerStreams(Streams):
+  """Training batches for M workers, each drawing from its own shard of a
+  random-access split (``len`` and ``gather(indices) -> fields``).
 
   The training set is permuted once with `seed` and cut into M contiguous
   shards of sizes proportional to the batch sizes, so every worker runs
@@ -65,18 +150,14 @@ class WorkerStreams:
   its shard with `default_rng([seed, worker, epoch])`.
   """
 
-  def __init__(self, split: Split, batch_sizes: Sequence[int], seed: int):
-    self.split = split
-    self.batch_sizes = tuple(batch_sizes)
-    self.seed = seed
-    n, m = len(split), len(self.batch_sizes)
+  def __init__(self, split, batch_sizes: Sequence[int], seed: int, task: str = "custom"):
+    self.split, self.seed, self.task = split, seed, task
+    self.in_memory = bool(getattr(split, "in_memory", False))
+    n, m = len(split), len(batch_sizes)
     if m == 0 or m > n:
       raise ConfigError("workers", m, f"between 1 and {n}, the size of the "
                         "training set")
-    for b in self.batch_sizes:
-      if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1:
-        raise ConfigError("batch_size", b, "a positive integer per worker")
-    self.batch_sizes = tuple(int(b) for b in self.batch_sizes)
+    self.batch_sizes = _check_batch_sizes(batch_sizes)
     sizes = _largest_remainder(n, self.batch_sizes, minimum=1)
     for worker, (b, size) in enumerate(zip(self.batch_sizes, sizes)):
       if b > size:
@@ -92,19 +173,9 @@ class WorkerStreams:
     # reuse it instead of permuting the shard again.
     self._cache: dict[int, tuple[int, np.ndarray]] = {}
 
-  @property
-  def num_workers(self) -> int:
-    return len(self.batch_sizes)
-
-  def epoch_of(self, step: int) -> int:
-    return step // self.steps_per_epoch
-
   def indices(self, worker: int, step: int) -> np.ndarray:
     """Training-set indices of `worker`'s batch at `step`."""
-    if not 0 <= worker < self.num_workers:
-      raise IndexError(f"worker {worker} of {self.num_workers}")
-    if step < 0:
-      raise IndexError(f"step {step} is negative")
+    self._check_position(worker, step)
     epoch, within = divmod(step, self.steps_per_epoch)
     cached = self._cache.get(worker)
     if cached is None or cached[0] != epoch:
@@ -114,45 +185,92 @@ class WorkerStreams:
     b = self.batch_sizes[worker]
     return cached[1][within * b:(within + 1) * b]
 
-  def batch(self, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """(images, labels) of `worker` at `step`; depends on nothing else."""
+  def batch(self, worker: int, step: int) -> Fields:
     return self.split.gather(self.indices(worker, step))
 
-  def global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """All workers' batches at `step`, concatenated in worker order."""
-    parts = [self.batch(w, step) for w in range(self.num_workers)]
-    return (np.concatenate([x for x, _ in parts]),
-            np.concatenate([y for _, y in parts]))
 
-  def stacked_batch(self, step: int, workers: Sequence[int] | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Workers' batches at `step` (all workers, or those listed), padded to the
-    largest batch size and stacked; see `stacked_batches`."""
-    workers = range(self.num_workers) if workers is None else workers
-    return self.stacked_batches([(w, step) for w in workers])
+class FunctionStreams(Streams):
+  """Batches from a task's function (worker, step, seed) -> fields."""
 
-  def weights(self) -> np.ndarray:
-    """(M, b_max) float32: each worker's example weights, 1/B for its real
-    examples (B = sum of all batch sizes) and 0 for padding to b_max."""
-    b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
-    return np.stack([np.where(np.arange(b_max) < b, 1.0 / total, 0.0)
-                     for b in self.batch_sizes]).astype(np.float32)
+  def __init__(self, data: FunctionData, batch_sizes: Sequence[int], seed: int,
+               task: str = "custom"):
+    self.fn, self.seed, self.task = data.fn, seed, task
+    self.batch_sizes = _check_batch_sizes(batch_sizes)
+    self.steps_per_epoch = int(data.steps_per_epoch)
 
-  def stacked_batches(self, pairs: Sequence[tuple[int, int]]
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The batches of (worker, step) pairs, padded to the largest batch size
-    and stacked: images (N, b_max, H, W, C), labels (N, b_max) and weights
-    (N, b_max), 1/B for real examples (B = sum of all batch sizes), 0 for padding.
-    """
-    b_max, all_weights = max(self.batch_sizes), self.weights()
-    images, labels, weights = [], [], []
-    for worker, step in pairs:
-      b = self.batch_sizes[worker]
-      x, y = self.batch(worker, step)
-      if b < b_max:  # np.pad copies even when there is nothing to pad
-        x = np.pad(x, [(0, b_max - b)] + [(0, 0)] * (x.ndim - 1))
-        y = np.pad(y, (0, b_max - b))
-      images.append(x)
-      labels.append(y)
-      weights.append(all_weights[worker])
-    return np.stack(images), np.stack(labels), np.stack(weights)
+  def batch(self, worker: int, step: int) -> Fields:
+    self._check_position(worker, step)
+    return check_fields(self.fn(worker, step, self.seed), self.task,
+                        f"the batch of worker {worker} at step {step}",
+                        rows=self.batch_sizes[worker])
+
+
+class IterableStreams(Streams):
+  """Batches cut from an iterable's global batches, in order: worker m's
+  k-th batch is its slice (workers in order) of the k-th global batch. A
+  global batch stays in memory until every worker has taken its slice."""
+
+  def __init__(self, data: IterableData, batch_sizes: Sequence[int], seed: int,
+               task: str = "custom"):
+    self.data, self.seed, self.task = data, seed, task
+    self.batch_sizes = _check_batch_sizes(batch_sizes)
+    length = data.steps_per_epoch or (len(data.iterable) if hasattr(data.iterable, "__len__")
+                                      else None)
+    self.steps_per_epoch = int(length or 100)
+    self.bounds = np.cumsum((0,) + self.batch_sizes)
+    self._iterator: Iterator | None = None
+    self._next = 0  # the index of the next global batch the iterator gives
+    self._floor: int | None = None
+    self._held: dict[int, tuple[Fields, set[int]]] = {}  # k -> (batch, workers not served)
+
+  def _global(self, k: int) -> Fields:
+    fresh = False  # the iterator was just made: it has given nothing yet
+    if k not in self._held:
+      if k < self._next:  # a batch read past without keeping it: read again from the start
+        self._iterator, self._next, self._floor = None, 0, k
+      # Global batches from the smallest one asked for on are kept; those
+      # before it are read past (a resumed run's).
+      self._floor = k if self._floor is None else min(self._floor, k)
+    while k not in self._held:
+      if self._iterator is None:
+        self._iterator, fresh = iter(self.data.iterable), True
+      try:
+        element = next(self._iterator)
+      except StopIteration:
+        if fresh:
+          raise TaskError(self.task, "train data", "an iterable that gives its batches "
+                          f"each time it is iterated; it gave none at global batch "
+                          f"{self._next} (a one-shot iterator has one epoch and cannot "
+                          "be resumed)") from None
+        self._iterator = None  # the next epoch
+        continue
+      fresh = False
+      fields = check_fields(element, self.task, f"train data, global batch {self._next}",
+                            rows=int(self.bounds[-1]))
+      if self._next >= self._floor:
+        self._held[self._next] = (fields, set(range(self.num_workers)))
+      self._next += 1
+    return self._held[k][0]
+
+  def batch(self, worker: int, step: int) -> Fields:
+    self._check_position(worker, step)
+    fields = self._global(step)
+    lo, hi = self.bounds[worker], self.bounds[worker + 1]
+    waiting = self._held[step][1]
+    waiting.discard(worker)
+    if not waiting:
+      del self._held[step]
+    return {k: v[lo:hi] for k, v in fields.items()}
+
+
+def make_streams(data: Any, batch_sizes: Sequence[int], seed: int,
+                 task: str = "custom") -> Streams:
+  """The streams of a task's training data (jaxdl.data.fields.to_data)."""
+  if data is None:
+    raise TaskError(task, "train data", "a dict of arrays, a FunctionData or an IterableData; "
+                    "the task has none")
+  if isinstance(data, FunctionData):
+    return FunctionStreams(data, batch_sizes, seed, task)
+  if isinstance(data, IterableData):
+    return IterableStreams(data, batch_sizes, seed, task)
+  return WorkerStreams(data, batch_sizes, seed, task)

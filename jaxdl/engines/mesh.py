@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
-from jaxdl.data import WorkerStreams
+from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.trace import Event
 
@@ -45,7 +45,7 @@ class MeshEngine:
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
   MAX_IN_FLIGHT = 4
 
-  def __init__(self, algorithm: Collective, problem: Problem, streams: WorkerStreams, config,
+  def __init__(self, algorithm: Collective, problem: Problem, streams: Streams, config,
                total_steps: int | None = None):
     del config, total_steps  # a step is a step: nothing to plan ahead
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
@@ -55,8 +55,10 @@ class MeshEngine:
     self.mesh = jax.make_mesh((d,), (DEVICE_AXIS,), devices=devices[:d],
                               axis_types=(jax.sharding.AxisType.Auto,))
     per_device = m // d
-    self.axis = WorkerAxis(size=m, device=DEVICE_AXIS, local_size=per_device,
-                           local=LOCAL_AXIS if per_device > 1 else None)
+    # On one device the step is a plain jit: no collective over a one-device
+    # axis, and the same program (and bits) as the algorithm's step jitted by hand.
+    self.axis = WorkerAxis(size=m, device=DEVICE_AXIS if d > 1 else None,
+                           local_size=per_device, local=LOCAL_AXIS if per_device > 1 else None)
     self.sharded = NamedSharding(self.mesh, P(DEVICE_AXIS))
     self.replicated = NamedSharding(self.mesh, P())
     self._local_workers = self._workers_of_this_process()
@@ -68,10 +70,11 @@ class MeshEngine:
     self._start = time.perf_counter()
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
-    self.jitted_step = jax.jit(jax.shard_map(
+    device_step = self._device_step if d == 1 else jax.shard_map(
         self._device_step, mesh=self.mesh,
         in_specs=(MeshState(P(), P(DEVICE_AXIS)), P(DEVICE_AXIS)),
-        out_specs=(MeshState(P(), P(DEVICE_AXIS)), P()), check_vma=False),
+        out_specs=(MeshState(P(), P(DEVICE_AXIS)), P()), check_vma=False)
+    self.jitted_step = jax.jit(device_step,
         # Explicit, so the state comes back exactly as it went in (on one
         # device XLA would otherwise simplify some specs and force a retrace).
         out_shardings=(MeshState(self.replicated, self.sharded), self.replicated),
@@ -109,7 +112,9 @@ class MeshEngine:
     else:
       workers, metrics = jax.vmap(worker_step, axis_name=LOCAL_AXIS)(workers, batch)
     # Metrics are shares of the global batch's mean: sum them over workers.
-    metrics = jax.tree.map(lambda x: jax.lax.psum(x.sum(0), DEVICE_AXIS), metrics)
+    metrics = jax.tree.map(lambda x: x.sum(0), metrics)
+    if self.axis.device:
+      metrics = jax.lax.psum(metrics, DEVICE_AXIS)
     return MeshState(state.step + 1, self._rows(workers)), metrics
 
   def _workers_of_this_process(self) -> np.ndarray:
@@ -127,19 +132,19 @@ class MeshEngine:
 
   def batch(self, step: int) -> Batch:
     """The global batch of `step` in rows, each process supplying its own workers'."""
-    local = self.streams.stacked_batch(step, self._local_workers)
+    local = Batch(*self.streams.stacked_batch(step, self._local_workers))
     position = {int(w): i for i, w in enumerate(self._local_workers)}
 
     def assemble(array):
-      b_max = array.shape[1]
+      per_worker = array.shape[1]
 
       def part(index):
-        rows = range(self.num_workers * b_max)[index[0]]
-        workers = range(rows.start // b_max, rows.stop // b_max)
+        rows = range(self.num_workers * per_worker)[index[0]]
+        workers = range(rows.start // per_worker, rows.stop // per_worker)
         return array[[position[w] for w in workers]].reshape((-1,) + array.shape[2:])
-      shape = (self.num_workers * b_max,) + array.shape[2:]
+      shape = (self.num_workers * per_worker,) + array.shape[2:]
       return jax.make_array_from_callback(shape, self.sharded, part)
-    return Batch(*map(assemble, local))
+    return jax.tree.map(assemble, local)
 
   def step(self, state: MeshState, step: int):
     """Advances `state` by training step `step` (its data is a function of it)."""

@@ -73,7 +73,8 @@ def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
   return from_nnx(name, lambda rngs: build(rngs=rngs), num_classes, image_shape)
 
 
-def count_params(model: Model) -> int:
-  """Trainable parameters, from shapes alone: nothing is allocated."""
-  params, _ = jax.eval_shape(model.init, jax.random.key(0))
+def count_params(model: Model | Callable) -> int:
+  """Trainable parameters of a model (or of an init function ``key ->
+  (params, model_state)``), from shapes alone: nothing is allocated."""
+  params, _ = jax.eval_shape(getattr(model, "init", model), jax.random.key(0))
   return sum(math.prod(p.shape) for p in jax.tree.leaves(params))

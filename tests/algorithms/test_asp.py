@@ -51,7 +51,7 @@ def test_stale_gradients_are_applied_exactly(tmp_path):
   sim = _sim(tmp_path, "asp", events, 2)
   state, _ = train(sim, 1)
   problem, streams = sim.problem, sim.streams
-  params, _ = problem.model.init(jax.random.key(0))
+  params, _ = problem.init_model(jax.random.key(0))
   opt = problem.optimizer.init(params)
 
   def grad(worker):

@@ -12,6 +12,7 @@ from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.algorithms.asp import WorkerState
 from jaxdl.config import RunConfig
 from jaxdl.errors import ConfigError
+from jaxdl.task import classification
 from jaxdl.models import build_model
 from jaxdl.models.layers import BatchNorm, BatchStats
 
@@ -31,11 +32,11 @@ def test_batch_norm_reports_the_batch_statistics_with_momentum_zero():
 def test_async_bn_keeps_the_moving_average_of_reports():
   rng = np.random.default_rng(0)
   config = RunConfig.make(algorithm="asp", workers=2, async_bn=True, bn_decay=0.25)
-  problem = Problem(build_model("cnn_bn", 10, (8, 8, 1)), optax.sgd(0.1))
+  problem = Problem(classification(build_model("cnn_bn", 10, (8, 8, 1))), optax.sgd(0.1))
   algorithm = algorithms.build(ALGORITHMS.get("asp"), config.settings(), problem, 2,
                                bn_decay=config.algorithm.bn_decay)
   server = algorithm.init_server(jax.random.key(0))
-  params, model_state = problem.model.init(jax.random.key(0))
+  params, model_state = problem.init_model(jax.random.key(0))
   expected = jax.device_get(server.stats)
   assert all(np.all((x == 0) | (x == 1)) for x in jax.tree.leaves(expected))  # E 0, Var 1
   apply = jax.jit(lambda s, w: algorithm.apply(s, w, jnp.float32(1.0)))

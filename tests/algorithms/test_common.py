@@ -57,4 +57,4 @@ def test_common(name, engine):
   # the evaluated model has the model's parameter structure
   params, _ = first.evaluated(state)
   chex.assert_trees_all_equal_shapes_and_dtypes(
-      params, first.problem.model.init(jax.random.key(0))[0])
+      params, first.problem.init_model(jax.random.key(0))[0])

@@ -9,6 +9,7 @@ from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.algorithms.asp import WorkerState
 from jaxdl.config import RunConfig
+from jaxdl.task import classification
 from jaxdl.models import build_model
 
 RUN = dict(model="mlp", epochs=1, workers=4, batch_size=8, progress=False,
@@ -18,7 +19,7 @@ RUN = dict(model="mlp", epochs=1, workers=4, batch_size=8, progress=False,
 def test_one_dc_asgd_server_update_by_hand():
   rng = np.random.default_rng(0)
   config = RunConfig.make(algorithm="dc_asgd", workers=2, dc_lambda=0.3)
-  problem = Problem(build_model("mlp", 10, (8, 8, 1)), optax.sgd(0.1))
+  problem = Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
   algorithm = algorithms.build(ALGORITHMS.get("dc_asgd"), config.settings(), problem, 2)
   server = algorithm.init_server(jax.random.key(0))
   grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32),

@@ -32,7 +32,7 @@ from jaxdl.algorithms import (ALGORITHMS, SHAPES, Centralized, Collective, Decen
 from jaxdl.config import RunConfig
 from jaxdl.runner import Setup, setup
 from jaxdl.trace import Event, write_trace
-from tests.helpers import train
+from tests.helpers import train, zoo_model
 
 CONFIG = RunConfig.make(model="mlp", schedule="constant", batch_size=16, engine="sim")
 # The update rules, as flags and by hand, and how close a hand-written loop
@@ -73,7 +73,7 @@ def _replay(tmp_path, name: str, events: list[Event], workers: int, **flat) -> S
 def _sequential(run: Setup, rule: optax.GradientTransformation, steps: int):
   """The hand-written optax loop: one model from the same key, step t on
   worker 0's batch t, the gradient of the batch's mean loss."""
-  model = run.problem.model
+  model = zoo_model(run)
 
   def loss(params, model_state, images, labels):
     logits, model_state = model.apply(params, model_state, images, True)
@@ -89,7 +89,7 @@ def _sequential(run: Setup, rule: optax.GradientTransformation, steps: int):
   opt_state = rule.init(params)
   for t in range(steps):
     params, model_state, opt_state = step(params, model_state, opt_state,
-                                          *run.streams.batch(0, t))
+                                          *run.streams.batch(0, t).values())
   return jax.device_get(params)
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxdl.data import WorkerStreams, partition_batch
+from jaxdl.data import ImageFields, WorkerStreams, partition_batch
 from jaxdl.data.sources import ArraySplit
 from jaxdl.errors import ConfigError
 
 
 def _index_split(n):
   """A split whose label is the example's index, to check sharding."""
-  return ArraySplit(np.zeros((n, 1, 1, 1), np.uint8), np.arange(n), 1.0,
-                    np.zeros(1), np.ones(1))
+  return ImageFields(ArraySplit(np.zeros((n, 1, 1, 1), np.uint8), np.arange(n), 1.0,
+                                np.zeros(1), np.ones(1)))
 
 
 def test_shards_are_disjoint_and_proportional():
@@ -24,7 +24,7 @@ def test_shards_are_disjoint_and_proportional():
   seen = [set() for _ in range(3)]
   for step in range(streams.steps_per_epoch):
     for worker in range(3):
-      _, y = streams.batch(worker, step)
+      y = streams.batch(worker, step)["label"]
       assert len(y) == streams.batch_sizes[worker]
       assert set(y) <= set(streams.shards[worker]) and not set(y) & seen[worker]
       seen[worker] |= set(y)
@@ -35,22 +35,23 @@ def test_batches_are_pure_functions_of_seed_worker_step():
   b = WorkerStreams(_index_split(500), [16, 16], seed=5)
   # Visit a in a scrambled order: the per-worker cache must not leak.
   for step in (40, 3, 17, 3, 0):
-    np.testing.assert_array_equal(a.batch(1, step)[1], b.batch(1, step)[1])
-  np.testing.assert_array_equal(b.batch(0, 0)[1], WorkerStreams(
-      _index_split(500), [16, 16], seed=5).batch(0, 0)[1])
+    np.testing.assert_array_equal(a.batch(1, step)["label"], b.batch(1, step)["label"])
+  np.testing.assert_array_equal(b.batch(0, 0)["label"], WorkerStreams(
+      _index_split(500), [16, 16], seed=5).batch(0, 0)["label"])
   other = WorkerStreams(_index_split(500), [16, 16], seed=6)
-  assert not np.array_equal(a.batch(0, 0)[1], other.batch(0, 0)[1])
-  x, y = a.global_batch(9)
+  assert not np.array_equal(a.batch(0, 0)["label"], other.batch(0, 0)["label"])
+  both = a.global_batch(9)
+  x, y = both["image"], both["label"]
   assert x.shape == (32, 1, 1, 1)
   np.testing.assert_array_equal(
-      y, np.concatenate([a.batch(0, 9)[1], a.batch(1, 9)[1]]))
+      y, np.concatenate([a.batch(0, 9)["label"], a.batch(1, 9)["label"]]))
 
 
 def test_each_epoch_reshuffles_the_shard():
   streams = WorkerStreams(_index_split(40), [10, 10], seed=0)
   assert streams.steps_per_epoch == 2
   assert [streams.epoch_of(s) for s in (0, 1, 2, 5)] == [0, 0, 1, 2]
-  epochs = [np.concatenate([streams.batch(0, 2 * e + i)[1] for i in (0, 1)])
+  epochs = [np.concatenate([streams.batch(0, 2 * e + i)["label"] for i in (0, 1)])
             for e in range(3)]
   for order in epochs:
     assert sorted(order) == sorted(streams.shards[0])
@@ -103,14 +104,17 @@ def test_weights_are_one_over_the_global_batch_and_zero_for_padding(batch_sizes)
 
 def test_stacked_batch_pads_to_the_largest_and_carries_the_weights():
   streams = WorkerStreams(_index_split(400), [3, 5, 2], seed=1)
-  images, labels, weights = streams.stacked_batch(4)
+  fields, weights, ids = streams.stacked_batch(4)
+  images, labels = fields["image"], fields["label"]
+  np.testing.assert_array_equal(ids, [[0, 4], [1, 4], [2, 4]])
   assert images.shape == (3, 5, 1, 1, 1) and labels.shape == weights.shape == (3, 5)
   np.testing.assert_array_equal(weights, streams.weights())
   for worker, b in enumerate(streams.batch_sizes):
-    np.testing.assert_array_equal(labels[worker, :b], streams.batch(worker, 4)[1])
+    np.testing.assert_array_equal(labels[worker, :b], streams.batch(worker, 4)["label"])
     np.testing.assert_array_equal(labels[worker, b:], 0)
     np.testing.assert_array_equal(images[worker, b:], 0)
   # A subset of the workers, in the order asked, with their own weights.
-  _, some_labels, some_weights = streams.stacked_batch(4, [2, 0])
-  np.testing.assert_array_equal(some_labels, labels[[2, 0]])
+  some, some_weights, some_ids = streams.stacked_batch(4, [2, 0])
+  np.testing.assert_array_equal(some["label"], labels[[2, 0]])
+  np.testing.assert_array_equal(some_ids, [[2, 4], [0, 4]])
   np.testing.assert_array_equal(some_weights, weights[[2, 0]])

@@ -40,7 +40,7 @@ from jaxdl.algorithms import lc_asgd
 from jaxdl.config import RunConfig
 from jaxdl.runner import setup
 from jaxdl.trace import read_trace, write_trace
-from tests.helpers import train
+from tests.helpers import train, zoo_model
 
 LR, MU, KEY = 0.05, 0.9, 0
 CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=LR, momentum=MU, workers=3,
@@ -69,7 +69,7 @@ class Run:
     self.state, _ = train(self.setup.engine, CONFIG.train.steps, key=KEY)
     write_trace(tmp_path / "trace.jsonl", self.setup.engine.trace())
     self.events = list(read_trace(tmp_path / "trace.jsonl"))
-    model, streams = self.setup.problem.model, self.setup.streams
+    model, streams = zoo_model(self.setup), self.setup.streams
     params, model_state = model.init(jax.random.key(KEY))
     self.initial = jax.tree.map(np.asarray, params)
 
@@ -80,7 +80,8 @@ class Run:
 
     def gradient(params, worker: int, iteration: int):
       """(mean loss, gradient) of `worker`'s batch of `iteration` at `params`."""
-      value, grads = value_and_grad(params, *streams.batch(worker, iteration))
+      batch = streams.batch(worker, iteration)
+      value, grads = value_and_grad(params, batch["image"], batch["label"])
       return np.float32(value), jax.tree.map(np.asarray, grads)
     self.gradient = gradient
     # an asynchronous run is heterogeneous: the fast workers made more updates

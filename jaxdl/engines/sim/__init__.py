@@ -25,7 +25,7 @@ from jaxdl import cluster, trace
 from jaxdl.algorithms import (SHAPES, Centralized, Collective, Decentralized, Elastic, Gossip,
                               Problem, Shape)
 from jaxdl.algorithms.shapes import has_server
-from jaxdl.data import WorkerStreams
+from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
@@ -42,13 +42,13 @@ class SimState(NamedTuple):
   position: np.ndarray    # (): index of the next schedule event
 
 
-def flops_per_batch(problem: Problem, streams: WorkerStreams) -> float:
+def flops_per_batch(problem: Problem, streams: Streams) -> float:
   """XLA's FLOP count of one worker's gradient on a mean-size batch (no compile)."""
-  traced = trace_gradient(problem, round(np.mean(streams.batch_sizes)))
+  traced = trace_gradient(problem, streams.example, round(np.mean(streams.batch_sizes)))
   return float(traced.lower().cost_analysis()["flops"])
 
 
-def cost_model(config, problem: Problem, streams: WorkerStreams) -> cluster.CostModel:
+def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
   """The simulated cluster that `config` describes, for this model and data."""
   c = config.cluster
   count, profile = cluster.parse_cluster(c.cluster)
@@ -126,7 +126,7 @@ class SimEngine:
   name = "sim"
   shapes = SHAPES
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: WorkerStreams,
+  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int, batching: str = "auto"):
     """`batching`: "vmap", "loop", "scan" or "auto" (runner.choose_batching)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
@@ -156,7 +156,7 @@ class SimEngine:
     if batching not in ("auto", "vmap", "loop", "scan"):
       raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan")
     if batching == "auto":
-      batching = choose_batching(problem, max(streams.batch_sizes))
+      batching = choose_batching(problem, streams.example, max(streams.batch_sizes))
     self.batching = batching
     longest, batch_ops = planning.plan_sizes(self.events, self.step_ends[:total_steps],
                                              self.num_workers, batching == "loop", self.slots)

@@ -2,8 +2,8 @@
 
 An in-memory training split up to RESIDENT_BYTES lives on the device once
 (normalized on the host: the same floats as a per-batch gather), and an op's
-batches are rows of it; a larger one is gathered on the host into a per-step
-table.
+batches are rows of it; other data (larger, or a function's or an
+iterable's) are gathered on the host into a per-step table.
 """
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdl.data import WorkerStreams
-from jaxdl.data.sources import ArraySplit
+from jaxdl.data import Streams
 
 RESIDENT_BYTES = 1 << 30  # training splits up to this size live on the device
 
@@ -20,25 +19,29 @@ RESIDENT_BYTES = 1 << 30  # training splits up to this size live on the device
 class DeviceBatches:
   """Batches by index: rows of a device-resident split, or of a step's table."""
 
-  def __init__(self, streams: WorkerStreams, capacity: int):
+  def __init__(self, streams: Streams, capacity: int):
     self.streams, self.b_max = streams, max(streams.batch_sizes)
     self.num_workers = streams.num_workers
-    split, n = streams.split, len(streams.split)
-    example = split.gather(np.arange(1))[0]
-    self.resident = isinstance(split, ArraySplit) and n * example.nbytes <= RESIDENT_BYTES
+    example = streams.example
+    self.resident = False
+    if streams.in_memory:
+      split, n = streams.split, len(streams.split)
+      self.resident = n * sum(v[0].nbytes for v in example.values()) <= RESIDENT_BYTES
     if self.resident:  # one gather of everything: the same floats, row by row
-      images, labels = split.gather(np.arange(n))
+      fields = split.gather(np.arange(n))
       # A zero row for padding, as np.pad gives.
       self.pad = n
-      self.data = (jnp.asarray(np.concatenate([images, np.zeros_like(images[:1])])),
-                   jnp.asarray(np.concatenate([labels, np.zeros_like(labels[:1])])))
+      self.data = {k: jnp.asarray(np.concatenate([v, np.zeros_like(v[:1])]))
+                   for k, v in fields.items()}
     else:
       self.rows = self.num_workers * self.b_max
-      self.shape = (capacity * self.rows + 1, *example.shape[1:])
+      self.size = capacity * self.rows + 1
+      self.example = example
 
   def start(self) -> None:
     if not self.resident:
-      self.table = (np.zeros(self.shape, np.float32), np.zeros(self.shape[0], np.int32))
+      self.table = {k: np.zeros((self.size,) + v.shape[1:], v.dtype)
+                    for k, v in self.example.items()}
       self.used = 0
 
   def indices(self, pairs) -> np.ndarray:
@@ -55,13 +58,15 @@ class DeviceBatches:
   def _gathered(self, pairs) -> np.ndarray:
     base = self.used * self.rows
     self.used += 1
-    out = np.full((self.num_workers, self.b_max), self.shape[0] - 1, np.int32)
+    out = np.full((self.num_workers, self.b_max), self.size - 1, np.int32)
     for v, pair in enumerate(pairs):
       if pair is not None:
-        x, y = self.streams.batch(*pair)
-        rows = base + v * self.b_max + np.arange(len(y))
-        self.table[0][rows], self.table[1][rows] = x, y
-        out[v, :len(y)] = rows
+        fields = self.streams.batch(*pair)
+        size = len(next(iter(fields.values())))
+        rows = base + v * self.b_max + np.arange(size)
+        for k, table in self.table.items():
+          table[rows] = fields[k]
+        out[v, :size] = rows
     return out
 
   def step_data(self):

@@ -59,6 +59,11 @@ def _event_functions(algorithm: Shape) -> dict[str, Callable]:
   raise TypeError(f"not an event shape: {type(algorithm).__name__}")
 
 
+def _rows(data, index):
+  """The rows `index` of every field of the data table."""
+  return jax.tree.map(lambda x: x[index], data)
+
+
 def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
   """Each op kind's handler (see the module's docstring)."""
   weights_MxB = jnp.asarray(weights)
@@ -71,7 +76,7 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
                     in_axes=(0, 0, None), axis_name="workers")
 
     def step_fn(server, workers, sums, op, data):
-      batch = Batch(data[0][op.index], data[1][op.index], weights_MxB)
+      batch = Batch(_rows(data, op.index), weights_MxB, op.ids)
       workers, metrics = step(workers, batch, op.iteration)
       return server, workers, add(sums, jnp.sum(metrics["loss"]), 1.0)
     out["step"] = step_fn
@@ -83,7 +88,7 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     fn = jax.vmap(fn)
 
     def run(server, workers, sums, op, data):
-      new, metrics = fn(workers, Batch(data[0][op.index], data[1][op.index], weights_MxB))
+      new, metrics = fn(workers, Batch(_rows(data, op.index), weights_MxB, op.ids))
       keep = lambda n, o: jnp.where(op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
       share = weights_MxB.sum(axis=1)  # metric shares -> each worker's own means
       return server, jax.tree.map(keep, new, workers), add(
@@ -94,7 +99,7 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     def run(server, workers, sums, op, data):
       m, index = op.worker, op.index[op.worker]
       taken = _take(workers, m)
-      new, metrics = fn(taken, Batch(data[0][index], data[1][index], weights_MxB[m]))
+      new, metrics = fn(taken, Batch(_rows(data, index), weights_MxB[m], op.ids[m]))
       return server, _put(workers, m, new, taken), add(sums, metrics["loss"] / weights_MxB[m].sum(), 1.0)
     return run
 

@@ -31,17 +31,19 @@ from jaxdl.engines.sim.plan import Op
 BATCH_KINDS = ("compute", "compute_one", "local", "local_one", "step")
 
 
-def trace_gradient(problem: Problem, batch: int):
-  """One worker's gradient on a `batch`-example batch, traced on abstract
-  values (nothing allocated, nothing compiled)."""
-  params, model_state = jax.eval_shape(problem.model.init, jax.random.key(0))
-  x = Batch(jax.ShapeDtypeStruct((batch, *problem.model.image_shape), jnp.float32),
-            jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.float32))
+def trace_gradient(problem: Problem, example: dict, batch: int):
+  """One worker's gradient on a `batch`-example batch of fields like
+  `example`'s, traced on abstract values (nothing allocated, nothing compiled)."""
+  params, model_state = jax.eval_shape(problem.init_model, jax.random.key(0))
+  fields = {k: jax.ShapeDtypeStruct((batch, *np.shape(v)[1:]), np.asarray(v).dtype)
+            for k, v in example.items()}
+  x = Batch(fields, jax.ShapeDtypeStruct((batch,), jnp.float32),
+            jax.ShapeDtypeStruct((2,), jnp.int32))
   grad = lambda p, s, b: problem.gradients(p, s, b, WorkerAxis(1))
   return jax.jit(grad).trace(params, model_state, x)
 
 
-def choose_batching(problem: Problem, batch: int) -> str:
+def choose_batching(problem: Problem, example: dict, batch: int) -> str:
   """"loop" on the CPU for models with convolutions, else "vmap" (see above).
 
   A rule on the program's structure rather than a timing at setup: the two
@@ -50,7 +52,7 @@ def choose_batching(problem: Problem, batch: int) -> str:
   """
   if jax.default_backend() != "cpu":
     return "vmap"
-  jaxpr = trace_gradient(problem, batch).jaxpr
+  jaxpr = trace_gradient(problem, example, batch).jaxpr
   return "loop" if _has_primitive(jaxpr.jaxpr, "conv_general_dilated") else "vmap"
 
 
@@ -73,6 +75,7 @@ class OpArrays(NamedTuple):
   durations: Any   # (L, 2) float32
   mask: Any        # (L, M) bool
   index: Any       # (L, M, b_max) int32: rows of the data table
+  ids: Any         # (L, M, 2) int32: each batch's (worker, step)
   slot: Any        # (L,) int32: an in-flight message's slot
 
 
@@ -108,6 +111,7 @@ class OpRunner:
     durations = np.zeros((length, 2), np.float32)
     mask = np.zeros((length, m), bool)
     index = np.zeros((length, m, b), np.int32)
+    ids = np.zeros((length, m, 2), np.int32)
     for i, op in enumerate(ops):
       kind[i] = self.names.index(op.kind)
       worker[i], peer[i], iteration[i], slot[i] = op.worker, op.peer, op.iteration, op.slot
@@ -116,7 +120,8 @@ class OpRunner:
         mask[i] = op.mask
       if op.pairs is not None:
         index[i] = self.batches.indices(op.pairs)
-    return OpArrays(kind, worker, peer, iteration, durations, mask, index, slot)
+        ids[i] = [pair or (0, 0) for pair in op.pairs]
+    return OpArrays(kind, worker, peer, iteration, durations, mask, index, ids, slot)
 
   def __call__(self, server, workers, ops: list[Op]):
     self.batches.start()

@@ -1,0 +1,244 @@
+"""What is trained: a task is a model's initialisation, a loss, data and an
+evaluation, as a value a script builds and passes to ``jaxdl.run(task=...)``.
+
+Image classification on a named dataset and model (`classification`, what
+``--dataset`` and ``--model`` choose) is one task among others. A script's own
+task needs no registration::
+
+    task = jaxdl.Task(init=init, loss=loss, train={"x": x, "y": y},
+                      test={"x": x_test, "y": y_test}, name="regression")
+    jaxdl.run(task=task, algorithm="asp", workers=4, steps=200)
+
+Every algorithm calls the task's loss on a worker's batch, a dict of the
+data's fields; with `weighted` it also reads ``batch["weight"]``. Flax
+modules become `init`/`apply` pairs with `from_linen` and `from_nnx`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxdl.data.fields import Data, FunctionData, IterableData, to_data
+from jaxdl.errors import ConfigError, TaskError
+
+__all__ = ["Data", "FunctionData", "IterableData", "Task", "check_task", "classification",
+           "from_linen", "from_nnx", "with_task"]
+
+Fields = Mapping[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A training task.
+
+  Attributes:
+    init: ``key -> (params, model_state)``; model_state holds what is not
+      trained (batch-norm statistics), ``{}`` if nothing. Both are pytrees.
+    loss: ``(params, model_state, batch, key) -> (loss, (model_state,
+      metrics))``: the mean loss over the batch's examples (a scalar), the
+      model state after the batch, and named scalar means (may be ``{}``).
+      ``batch`` is a dict of the data's fields, one row per example; ``key``
+      is a PRNG key of this worker and batch (dropout), the same on every
+      engine and after a resume.
+    train: the training data: a dict of arrays with one leading example axis
+      (each worker reads its own shard, reshuffled each epoch); a
+      `FunctionData` (a function of worker, step and seed); or an
+      `IterableData` (global batches in order, e.g. a ``tf.data`` dataset or
+      a grain loader), which a bare iterable is taken as. None: the task
+      computes on batches given otherwise (a benchmark's).
+    test: the test data, a dict of arrays (None: no evaluation).
+    evaluate: ``(params, model_state, batch) -> metrics``, named scalar means
+      over the batch; the summary reports each as ``test_<name>``. None: the
+      loss, as ``test_loss``.
+    target: the evaluated metric that time to target is measured on.
+    higher_is_better: whether a larger `target` is better (accuracy) or a
+      smaller one (a loss).
+    name: how the run directory, summary and compare tables name the task.
+    weighted: the loss reads ``batch["weight"]``, each example's weight in
+      the global batch (1/B for a real example, 0 for padding), and returns
+      the weighted sum: its share of the global batch's mean loss; metrics
+      are shares too. Needed for unequal batch sizes (``--batch-sizes``,
+      ``--worker-speeds``), whose smaller batches are padded.
+    batch_stats: the loss takes ``stats=``, a `jaxdl.models.layers.BatchStats`
+      (``--sync-bn``, ``--async-bn``).
+    info: figures of the task for the summary (e.g. a baseline).
+  """
+  init: Callable[[jax.Array], tuple[Any, Any]]
+  loss: Callable[..., tuple[jax.Array, tuple[Any, Metrics]]]
+  train: Any = None
+  test: Any = None
+  evaluate: Callable[[Any, Any, Fields], Metrics] | None = None
+  target: str = "loss"
+  higher_is_better: bool = False
+  name: str = "custom"
+  weighted: bool = False
+  batch_stats: bool = False
+  info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    for field in ("init", "loss"):
+      if not callable(getattr(self, field)):
+        raise TaskError(self.name, field, f"a function; it is "
+                        f"{type(getattr(self, field)).__name__}")
+    if self.train is not None:
+      object.__setattr__(self, "train", to_data(self.train, self.name, "train data"))
+    if self.test is not None:
+      test = to_data(self.test, self.name, "test data")
+      if not hasattr(test, "gather"):
+        raise TaskError(self.name, "test data", "a dict of arrays (evaluation reads it "
+                        f"in order); got {type(self.test).__name__}")
+      object.__setattr__(self, "test", test)
+
+  def evaluation(self, params, model_state, batch: Fields) -> Metrics:
+    """The evaluated metrics of one test batch (means over its examples)."""
+    if self.evaluate is not None:
+      return dict(self.evaluate(params, model_state, batch))
+    batch = dict(batch)
+    if self.weighted:
+      size = jax.tree.leaves(batch)[0].shape[0]
+      batch["weight"] = jnp.full((size,), 1.0 / size, jnp.float32)
+    loss, _ = self.loss(params, model_state, batch, jax.random.key(0))
+    return {"loss": loss}
+
+  @property
+  def target_metric(self) -> str:
+    """The summary's name of the target metric."""
+    return f"test_{self.target}"
+
+
+def classification(model, dataset=None) -> Task:
+  """Image classification: softmax cross-entropy of a zoo `Model` on a `Dataset`
+  (None: on batches given otherwise), evaluated by accuracy (and loss)."""
+  from jaxdl.data.fields import ImageFields
+
+  def loss(params, model_state, batch, key, stats=None):
+    del key  # the zoo's models are deterministic
+    logits_BxK, model_state = model.apply(params, model_state, batch["image"], True, stats)
+    losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch["label"])
+    loss = jnp.sum(losses_B * batch["weight"])
+    # Only the loss: accuracy comes from evaluation, and an argmax in every
+    # step costs small models ~10% (bench/ar_sgd_step.py).
+    return loss, (model_state, {})
+
+  def evaluate(params, model_state, batch):
+    logits_BxK, _ = model.apply(params, model_state, batch["image"], False)
+    losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch["label"])
+    return {"accuracy": jnp.mean(jnp.argmax(logits_BxK, -1) == batch["label"]),
+            "loss": jnp.mean(losses_B)}
+
+  data = dataset and (ImageFields(dataset.train), ImageFields(dataset.test))
+  return Task(init=model.init, loss=loss, train=data and data[0], test=data and data[1],
+              evaluate=evaluate, target="accuracy", higher_is_better=True,
+              name=f"{dataset.name if dataset else 'images'}/{model.name}", weighted=True,
+              batch_stats=True)
+
+
+def from_linen(module, *example, **kwargs) -> tuple[Callable, Callable]:
+  """A Flax Linen module as ``(init, apply)``.
+
+  ``init(key) -> (params, model_state)`` calls ``module.init`` on `example`
+  (arrays of one batch: only their shapes matter); model_state holds the
+  collections other than "params" (e.g. "batch_stats"). ``apply(params,
+  model_state, *args, **kwargs) -> (output, model_state)`` calls
+  ``module.apply``, the other collections mutable; a `train`-style keyword
+  is the caller's to pass.
+  """
+  def init(key):
+    variables = dict(module.init(key, *example, **kwargs))
+    params = variables.pop("params", {})
+    return params, variables
+
+  def apply(params, model_state, *args, **call_kwargs):
+    variables = {"params": params, **model_state}
+    if not model_state:
+      return module.apply(variables, *args, **call_kwargs), model_state
+    out, updated = module.apply(variables, *args, mutable=list(model_state), **call_kwargs)
+    return out, {**model_state, **updated}
+
+  return init, apply
+
+
+def from_nnx(build: Callable[..., Any]) -> tuple[Callable, Callable]:
+  """A Flax NNX module as ``(init, apply)``; ``build(rngs)`` makes the module.
+
+  ``init(key) -> (params, model_state)``: the module's ``nnx.Param``
+  variables and the rest of its state, as pure dicts. ``apply(params,
+  model_state, *args, **kwargs) -> (output, model_state)`` calls the module
+  on a copy rebuilt from them (at trace time only: the jitted computation is
+  the module's own) and returns the state it leaves.
+  """
+  from flax import nnx  # local: only NNX tasks need it
+
+  abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
+  graphdef = nnx.split(abstract, nnx.Param, ...)[0]
+
+  def init(key):
+    _, params, rest = nnx.split(build(nnx.Rngs(key)), nnx.Param, ...)
+    return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+
+  def apply(params, model_state, *args, **kwargs):
+    _, params_state, rest = nnx.split(abstract, nnx.Param, ...)
+    nnx.replace_by_pure_dict(params_state, params)
+    nnx.replace_by_pure_dict(rest, model_state)
+    module = nnx.merge(graphdef, params_state, rest, copy=True)
+    out = module(*args, **kwargs)
+    return out, nnx.to_pure_dict(nnx.split(module, nnx.Param, ...)[2])
+
+  return init, apply
+
+
+TASK_FIELDS = ("dataset", "data_dir", "image_size", "model", "stem")
+"""Config fields that a script's task replaces: they stay unset with one."""
+
+
+def with_task(config, task: Task | None):
+  """`config` naming `task` (--dataset and --model ``task:NAME``); a
+  ConfigError if it also sets a field that the task replaces."""
+  if task is None:
+    return config
+  from jaxdl.config import TASK_PREFIX, RunConfig
+  name = TASK_PREFIX + task.name
+  defaults, flat = RunConfig().flat(), config.flat()
+  for field in TASK_FIELDS:
+    if flat[field] not in (defaults[field], name):
+      raise ConfigError(field, flat[field], f"left unset: task {task.name!r} brings its own "
+                        "data and model")
+  return config.replace(dataset=name, model=name)
+
+
+def check_task(problem, streams) -> None:
+  """Traces the task's loss on a batch of its data (abstractly: nothing
+  runs) and raises a TaskError for a loss that reads a field the data do not
+  have, or does not return ``(scalar, (model_state, metrics))`` with scalar
+  metrics."""
+  from jaxdl.algorithms.base import Batch
+  task = problem.task
+  fields, weights, ids = streams.stacked_batches([(0, 0)])
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                       Batch(fields, weights, ids))
+  params, model_state = jax.eval_shape(task.init, jax.random.key(0))
+  try:
+    out = jax.eval_shape(problem.task_loss, params, model_state, batch)
+  except KeyError as e:
+    have = sorted(fields) + (["weight"] if task.weighted else [])
+    raise TaskError(task.name, "loss", f"a loss that reads only the batch's fields "
+                    f"({', '.join(have)}); it read {e}") from None
+  ok = (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple)
+        and len(out[1]) == 2 and isinstance(out[1][1], Mapping))
+  if not ok:
+    raise TaskError(task.name, "loss", "a loss that returns (loss, (model_state, "
+                    f"metrics)); it returned {jax.tree.structure(out)}")
+  shape = lambda x: getattr(x, "shape", type(x).__name__)
+  if shape(out[0]) != ():
+    raise TaskError(task.name, "loss", "a loss that returns a scalar, the batch's mean; "
+                    f"it returned shape {shape(out[0])}")
+  for name, value in out[1][1].items():
+    if shape(value) != ():
+      raise TaskError(task.name, "loss", f"scalar metrics; metric {name!r} has shape "
+                      f"{shape(value)}")

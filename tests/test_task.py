@@ -1,0 +1,224 @@
+"""A script's own task (jaxdl.task): model, loss and data passed to jaxdl.run."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxdl
+from jaxdl.algorithms import ALGORITHMS
+from jaxdl.cli import main
+from jaxdl.config import RunConfig
+from jaxdl.errors import ConfigError, TaskError
+from jaxdl.fingerprint import fingerprint
+
+SEED, FEATURES = 3, 5
+W_TRUE = np.random.default_rng(0).normal(size=(FEATURES,)).astype(np.float32)
+
+
+class Regressor(nn.Module):
+  """A Linen model of the test's own: dense, relu, dropout, dense."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = nn.relu(nn.Dense(16)(x))
+    x = nn.Dropout(0.2, deterministic=not train)(x)
+    return nn.Dense(1)(x)[:, 0]
+
+
+def regression_rows(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+  x = rng.normal(size=(n, FEATURES)).astype(np.float32)
+  y = (x @ W_TRUE + 0.05 * rng.normal(size=n)).astype(np.float32)
+  return {"x": x, "y": y}
+
+
+def batch_of(worker: int, step: int, seed: int, size: int = 8) -> dict[str, np.ndarray]:
+  """Data as a function: worker's batch at its step."""
+  return regression_rows(np.random.default_rng([seed, worker, step]), size)
+
+
+MODEL = Regressor()
+INIT, APPLY = jaxdl.from_linen(MODEL, np.zeros((1, FEATURES), np.float32))
+
+
+def mse(params, model_state, batch, key):
+  pred, model_state = APPLY(params, model_state, batch["x"], train=True,
+                            rngs={"dropout": key})
+  return jnp.mean((pred - batch["y"]) ** 2), (model_state, {"mae": jnp.mean(jnp.abs(pred - batch["y"]))})
+
+
+TEST = regression_rows(np.random.default_rng(99), 256)
+
+
+def task(train=None, **kwargs) -> jaxdl.Task:
+  return jaxdl.Task(init=INIT, loss=mse, train=batch_of if train is None else train,
+                    test=TEST, name="regression", **kwargs)
+
+
+def run(tmp_path, name="run", task_=None, **flags):
+  flags = {"steps": 30, "batch_size": 8, "lr": 0.05, "momentum": 0.0,
+           "schedule": "constant", "seed": SEED, "progress": False, **flags}
+  return jaxdl.run(RunConfig.make(out=str(tmp_path / name), **flags), task=task_ or task())
+
+
+def hand_written_loop(steps: int, lr: float) -> dict:
+  """sgd on one worker as optax would be used by hand: the initial key is
+  fold_in(key(seed), 0), step t's loss key fold_in(fold_in(fold_in(key(seed),
+  1), worker 0), t) (jaxdl.task.Task)."""
+  rule = optax.sgd(lr)
+  params, model_state = INIT(jax.random.fold_in(jax.random.key(SEED), 0))
+  opt_state = rule.init(params)
+
+  @jax.jit
+  def step(params, model_state, opt_state, batch, key):
+    grads, (model_state, _) = jax.grad(mse, has_aux=True)(params, model_state, batch, key)
+    updates, opt_state = rule.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), model_state, opt_state
+
+  base = jax.random.fold_in(jax.random.key(SEED), 1)
+  for t in range(steps):
+    key = jax.random.fold_in(jax.random.fold_in(base, 0), t)
+    params, model_state, opt_state = step(params, model_state, opt_state,
+                                          batch_of(0, t, SEED), key)
+  return jax.device_get(params)
+
+
+@pytest.mark.parametrize("engine", ["mesh", "sim"])
+def test_sgd_on_a_linen_task_is_the_hand_written_optax_loop_bitwise(tmp_path, engine):
+  flags = {"compute_time": 1e-3} if engine == "sim" else {}
+  summary = run(tmp_path, algorithm="sgd", engine=engine, **flags)
+  assert summary["params_fingerprint"] == fingerprint(hand_written_loop(30, 0.05))
+  assert summary["task"] == "regression" and summary["target_metric"] == "test_loss"
+  # The run directory of a CLI run: config, metrics, trace, checkpoints, summary.
+  out = tmp_path / "run"
+  assert {p.name for p in out.iterdir()} >= {"config.json", "metrics.jsonl", "trace.jsonl",
+                                             "checkpoints", "summary.json"}
+  config = json.loads((out / "config.json").read_text())
+  assert config["data"]["dataset"] == config["model"]["model"] == "task:regression"
+  records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["test_loss"] < 0.5 * _initial_test_loss()
+  if engine == "mesh":  # the task's own training metrics (the sim engine reports the loss)
+    assert 0 < records[-1]["train_mae"] < 1
+
+
+def _initial_test_loss() -> float:
+  params, model_state = INIT(jax.random.fold_in(jax.random.key(SEED), 0))
+  return float(task().evaluation(params, model_state, TEST)["loss"])
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_trains_the_task(tmp_path, algorithm):
+  flags = dict(workers=1 if algorithm == "sgd" else 4, engine="sim", compute_time=1e-3,
+               jitter=0.2, steps=60)
+  summary = run(tmp_path, algorithm=algorithm, **flags)
+  assert summary["status"] == "completed"
+  assert summary["test_loss"] < 0.25 * _initial_test_loss(), summary["test_loss"]
+
+
+@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd"])
+def test_collective_algorithms_run_the_task_on_the_mesh_as_on_the_sim(tmp_path, algorithm):
+  mesh = run(tmp_path, "mesh", algorithm=algorithm, workers=4, engine="mesh")
+  sim = run(tmp_path, "sim", algorithm=algorithm, workers=4, engine="sim", compute_time=1e-3)
+  assert mesh["test_loss"] == pytest.approx(sim["test_loss"], rel=1e-4)
+
+
+def test_an_nnx_module_trains_through_from_nnx(tmp_path):
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.hidden = nnx.Linear(FEATURES, 16, rngs=rngs)
+      self.norm = nnx.BatchNorm(16, rngs=rngs)
+      self.out = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x, train):
+      self.norm.use_running_average = not train
+      return self.out(nnx.relu(self.norm(self.hidden(x))))[:, 0]
+
+  init, apply = jaxdl.from_nnx(Net)
+  params, state = init(jax.random.key(0))
+  assert set(params) == {"hidden", "norm", "out"} and "mean" in state["norm"]
+
+  def loss(params, model_state, batch, key):
+    pred, model_state = apply(params, model_state, batch["x"], True)
+    return jnp.mean((pred - batch["y"]) ** 2), (model_state, {})
+
+  def evaluate(params, model_state, batch):
+    pred, _ = apply(params, model_state, batch["x"], False)
+    return {"loss": jnp.mean((pred - batch["y"]) ** 2)}
+
+  nnx_task = jaxdl.Task(init=init, loss=loss, evaluate=evaluate, train=batch_of, test=TEST,
+                        name="nnx")
+  before = float(evaluate(params, state, TEST)["loss"])
+  summary = run(tmp_path, task_=nnx_task, algorithm="asp", workers=4, engine="sim",
+                compute_time=1e-3, steps=60)
+  assert summary["test_loss"] < 0.25 * before
+  assert summary["model_state_fingerprint"] != fingerprint(state)  # running statistics moved
+
+
+def test_arrays_iterables_and_functions_give_the_batches_they_describe(tmp_path):
+  """A re-iterable of global batches gives worker m its slice of the k-th;
+  the same slices from a function train to the same bits, resumed or not."""
+  global_batches = [regression_rows(np.random.default_rng([7, k]), 32) for k in range(10)]
+  sliced = lambda worker, step, seed: {k: v[8 * worker:8 * worker + 8] for k, v in
+                                       global_batches[step % 10].items()}
+  flags = dict(algorithm="asp", workers=4, engine="sim", compute_time=1e-3, jitter=0.3,
+               steps=25, checkpoint_every=10)
+  from_iterable = run(tmp_path, "iterable", task(jaxdl.IterableData(global_batches)), **flags)
+  from_function = run(tmp_path, "function", task(jaxdl.FunctionData(sliced, 10)), **flags)
+  assert from_iterable["params_fingerprint"] == from_function["params_fingerprint"]
+  # Resumed from step 20 (its last checkpoint removed): the same bits.
+  shutil.rmtree(tmp_path / "iterable" / "checkpoints" / "25")
+  resumed = run(tmp_path, "iterable", task(jaxdl.IterableData(global_batches)), resume=True,
+                **flags)
+  assert resumed["params_fingerprint"] == from_iterable["params_fingerprint"]
+  # Arrays: each worker its own shard, and a lower loss than at the start.
+  rows = regression_rows(np.random.default_rng(5), 512)
+  arrays = run(tmp_path, "arrays", task(rows), **{**flags, "steps": 60})
+  assert arrays["test_loss"] < 0.25 * _initial_test_loss()
+
+
+def test_a_bad_task_gets_one_clear_message(tmp_path):
+  def vector_loss(params, model_state, batch, key):
+    pred, _ = APPLY(params, model_state, batch["x"])
+    return (pred - batch["y"]) ** 2, (model_state, {})
+
+  def reads_z(params, model_state, batch, key):
+    return jnp.mean(batch["z"]), (model_state, {})
+
+  cases = [
+      (jaxdl.Task(init=INIT, loss=vector_loss, train=batch_of, name="r"),
+       {}, "task 'r', loss: a loss that returns a scalar, the batch's mean; "
+           "it returned shape (8,)"),
+      (jaxdl.Task(init=INIT, loss=reads_z, train=batch_of, name="r"),
+       {}, "task 'r', loss: a loss that reads only the batch's fields (x, y); it read 'z'"),
+      (task(), {"algorithm": "ar_sgd", "batch_sizes": (4, 12), "workers": 2},
+       "a weighted loss (Task(weighted=True)"),
+      (task(), {"dataset": "mnist"}, "--dataset='mnist' is not valid: left unset: "
+                                     "task 'regression' brings its own data and model"),
+      (task(), {"algorithm": "bsp", "workers": 2, "sync_bn": True},
+       "--sync-bn=True is not valid: left unset"),
+      (task(lambda w, t, s: {"x": np.zeros((3, FEATURES), np.float32)}), {},
+       "task 'regression', the batch of worker 0 at step 0: fields with 8 rows (the batch "
+       "size); they have x (3, 5)"),
+  ]
+  for bad, flags, message in cases:
+    with pytest.raises(ConfigError) as error:
+      run(tmp_path, "bad", task_=bad, **flags)
+    assert message in str(error.value)
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+  with pytest.raises(TaskError, match=r"task 'custom', train data: fields with the same "
+                     r"number of rows; they have x \(4, 2\), y \(3,\)"):
+    jaxdl.Task(init=INIT, loss=mse, train={"x": np.zeros((4, 2)), "y": np.zeros(3)})
+
+
+def test_a_task_name_on_the_command_line_is_refused(capsys):
+  assert main(["run", "--dataset", "task:regression"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("jaxdl run: error: --dataset='task:regression' is not valid: a name from "
+                        "`jaxdl list`"), err
