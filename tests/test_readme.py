@@ -1,4 +1,5 @@
-"""The README's worked examples run as written: adding an algorithm, adding an engine."""
+"""The README's worked examples run as written: your own task, adding an algorithm,
+adding an engine."""
 import re
 from pathlib import Path
 
@@ -66,3 +67,12 @@ def test_the_engine_example_matches_the_mesh_engine(example, tmp_path):
   chex.assert_trees_all_close(results[0], results[1], rtol=1e-5, atol=1e-6)
   summary = jaxdl.run(config.replace(engine="vmap", out=str(tmp_path / "vmap")))
   assert summary["engine"] == "vmap" and (tmp_path / "vmap" / "trace.jsonl").exists()
+
+
+def test_the_task_example_trains_a_model_of_its_own(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  namespace = {"__name__": "readme_example"}
+  exec(compile(_snippet("Your own model, loss and data"), str(README), "exec"), namespace)
+  variance = float(namespace["x"].sum(1).var())  # the loss of predicting the mean
+  assert namespace["summary"]["test_loss"] < 0.01 * variance
+  assert (tmp_path / "runs" / "sum" / "summary.json").exists()

@@ -222,3 +222,17 @@ def test_a_task_name_on_the_command_line_is_refused(capsys):
   err = capsys.readouterr().err.strip()
   assert err.startswith("jaxdl run: error: --dataset='task:regression' is not valid: a name from "
                         "`jaxdl list`"), err
+
+
+def test_the_custom_task_example_prints_its_loss_falling(tmp_path, capsys):
+  import importlib.util
+  from pathlib import Path
+  path = Path(__file__).parent.parent / "experiments" / "custom_task.py"
+  spec = importlib.util.spec_from_file_location("custom_task", path)
+  example = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(example)
+  summaries = example.main(example.Args(steps=100, out=str(tmp_path)))
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split(":")[0] for line in lines] == list(example.RUNS)
+  for summary in summaries.values():  # far below the loss of predicting the mean
+    assert summary["test_mse"] < 0.05 * summary["mse_of_the_mean"]
