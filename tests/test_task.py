@@ -224,12 +224,14 @@ def test_a_task_name_on_the_command_line_is_refused(capsys):
                         "`jaxdl list`"), err
 
 
-def test_the_custom_task_example_prints_its_loss_falling(tmp_path, capsys):
+def test_the_custom_task_example_prints_its_loss_falling(tmp_path, capsys, monkeypatch):
   import importlib.util
+  import sys
   from pathlib import Path
   path = Path(__file__).parent.parent / "experiments" / "custom_task.py"
   spec = importlib.util.spec_from_file_location("custom_task", path)
   example = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, "custom_task", example)  # for its dataclass
   spec.loader.exec_module(example)
   summaries = example.main(example.Args(steps=100, out=str(tmp_path)))
   lines = capsys.readouterr().out.splitlines()
