@@ -72,10 +72,12 @@ def _run(args: list[str]) -> int:
 
   config = _parse_run_config(args)
   summary = run(config, announce=lambda out: print(f"run directory: {out}", flush=True))
-  keys = ("test_accuracy", "test_loss", "train_loss", "steps", "wall_time_s",
+  target = summary.get("target_metric")
+  keys = (*([target] if target else []), "test_accuracy", "test_loss", "test_perplexity",
+          "unigram_nats_per_char", "train_loss", "steps", "wall_time_s",
           "samples_per_s", "simulated_time_s", "samples_per_simulated_s", "staleness_mean",
           "bytes_total", "params_fingerprint")
-  for key in (k for k in keys if summary.get(k) is not None):
+  for key in (k for k in dict.fromkeys(keys) if summary.get(k) is not None):
     value = summary[key]
     spec = ".4f" if not isinstance(value, float) or abs(value) < 1e6 else ".4g"
     print(f"{key:>20}: {value:{spec}}" if isinstance(value, float) else f"{key:>20}: {value}")
@@ -111,11 +113,11 @@ def _compare(args: list[str]) -> int:
     run_flags = {k: v for k, v in given.flat().items() if v != base.flat().get(k)}
     run_flags.update(settings)
   grid = compare.apply_args(grid, opts, run_flags)
-  check_target(opts.target_accuracy)
+  check_target(opts.target, compare.target_metric(grid))
   signal.signal(signal.SIGTERM, _interrupt)  # stops the cells as Ctrl-C does
   status = compare.run_grid(grid, opts.out, jobs=opts.jobs, overwrite=opts.overwrite,
                             progress=opts.progress, experiment=opts.experiment, args=opts)
-  report = Report(opts.out, opts.target_accuracy)
+  report = Report(opts.out, opts.target)
   print(report.tables())
   if opts.report:
     print(f"report: {report.write()}")
@@ -142,7 +144,7 @@ def _report(args: list[str]) -> int:
                                        for p in directory.iterdir()):
     raise ConfigError("dir", opts.dir, "a comparison directory with finished run "
                       "directories (jaxdl compare --out DIR)")
-  report = Report(directory, opts.target_accuracy)
+  report = Report(directory, opts.target)
   print(report.tables())
   print(f"report: {report.write()}")
   return 0
@@ -155,7 +157,7 @@ def _list(args: list[str]) -> int:
   from jaxdl.algorithms import ALGORITHMS
   from jaxdl.data import describe_datasets
   from jaxdl.engines import ENGINES
-  from jaxdl.models import MODELS
+  from jaxdl.models import MODELS, TEXT_MODELS
   from jaxdl.optim import OPTIMIZERS
 
   from jaxdl.engines import engines_for
@@ -163,6 +165,7 @@ def _list(args: list[str]) -> int:
 
   sections = [("datasets (--dataset)", describe_datasets())]
   for title, registry in (("models (--model)", MODELS),
+                          ("text models (--model, on text datasets)", TEXT_MODELS),
                           ("optimizers (--optimizer)", OPTIMIZERS)):
     sections.append((title, [(name, registry.doc(name)) for name in registry]))
   rows = []

@@ -250,8 +250,8 @@ class CompareArgs:
   """Cells run at once, each in its own process (0: one per CPU core, at most 8)."""
   overwrite: bool = False
   """Delete the grid's cells in --out and run them all again."""
-  target_accuracy: float | None = None
-  """Accuracy for the time-to-accuracy columns (unset: 95% of one-worker SGD's, rounded down)."""
+  target: float | None = None
+  """Target of the time-to-target columns, in the task's metric: test accuracy, or test nats per char on a text dataset (unset: 95% of one-worker SGD's accuracy rounded down, or 105% of its nats rounded up)."""
   report: bool = True
   """Write report.md and the PNG plots into --out at the end."""
   progress: bool = True
@@ -389,11 +389,19 @@ def _run_cell(config_dict: dict, experiment: str | None = None) -> dict:
   return {**outcome(summary), "seconds": time.perf_counter() - t0}
 
 
+def target_metric(grid: Grid) -> str:
+  """The summary metric the grid's cells are compared on (jaxdl.task.Task)."""
+  from jaxdl.data import CORPORA
+  dataset = dict(grid.run).get("dataset", "digits")
+  return "test_nats_per_char" if dataset in CORPORA else "test_accuracy"
+
+
 def outcome(summary: dict) -> dict:
   """A finished cell's record in cells.json: done, or diverged and where."""
   if summary.get("status") == "diverged":
     return {"status": "diverged", "divergence": summary.get("divergence")}
-  return {"status": "done", "test_accuracy": summary.get("test_accuracy")}
+  metric = summary.get("target_metric", "test_accuracy")
+  return {"status": "done", metric: summary.get(metric)}
 
 
 # Seconds an interrupted cell has to stop cleanly before it is killed.

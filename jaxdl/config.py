@@ -409,7 +409,7 @@ def validate(config: RunConfig, task: Any = None) -> RunConfig:
   if task is None:
     data.check_name(c["dataset"])
     data.check_image_size(c["dataset"], c["image_size"])
-    models.MODELS.get(c["model"])
+    models.check_model(c["model"])
   cluster.parse_bandwidth(c["network"])
   cluster.parse_cluster(c["cluster"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])

@@ -89,7 +89,7 @@ def _legend(fig, axes) -> None:
 
 
 def curves(report: Report, x: str) -> Figure:
-  """Test accuracy against `x` ("time" or "epoch"), one panel per worker count."""
+  """The test metric against `x` ("time" or "epoch"), one panel per worker count."""
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
   workers = sorted({c.workers for c in cells if c.variant != report.baseline_variant}) or [1]
@@ -102,38 +102,38 @@ def curves(report: Report, x: str) -> Figure:
     for c in [c for c in cells if c.workers == m and c is not base] + ([base] if base else []):
       label = f"{c.variant} (1 worker)" if c is base else c.variant
       if c.curve:
-        _line(ax, seen, [p[x] for p in c.curve], [p["test_accuracy"] for p in c.curve], label,
+        _line(ax, seen, [p[x] for p in c.curve], [p["score"] for p in c.curve], label,
               marker=".", color=color(c.variant), linestyle=styles[c.workers])
       if c.diverged and c.last:
         _mark_diverged(ax, c.last[x], c, f"{label} (diverged)")
     ax.set_title(f"{m} workers")
     ax.set_xlabel(f"time ({_clock(cells)} seconds)" if x == "time" else "epochs")
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel("test accuracy")
+  axes[0][0].set_ylabel(report.label)
   _legend(fig, axes[0])
   return fig
 
 
 def accuracy_against_workers(report: Report) -> Figure:
-  """Final test accuracy against the worker count, one line per variant."""
+  """The final test metric against the worker count, one line per variant."""
   plt = _pyplot()
   cells = [c for c in report.train if c.network == report.main]
   variants = list(dict.fromkeys(c.variant for c in cells if c.variant != report.baseline_variant))
   fig, ax = plt.subplots(figsize=(6, 4))
   seen: dict = {}
   for v in variants:
-    points = sorted((c.workers, c.accuracy) for c in cells
-                    if c.variant == v and c.accuracy is not None)
+    points = sorted((c.workers, c.score) for c in cells
+                    if c.variant == v and c.score is not None)
     if points:
       _line(ax, seen, *zip(*points), v, marker="o", color=color(v))
     for c in (c for c in cells if c.variant == v and c.diverged):
       _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
   base = report.baseline(report.main)
-  if base and base.accuracy is not None:
-    ax.axhline(base.accuracy, color=color(base.variant), linestyle="--",
+  if base and base.score is not None:
+    ax.axhline(base.score, color=color(base.variant), linestyle="--",
                label=f"{base.variant} (1 worker)")
   ax.set_xlabel("workers")
-  ax.set_ylabel("test accuracy")
+  ax.set_ylabel(report.label)
   ax.grid(alpha=0.3)
   _legend(fig, [ax])
   return fig

@@ -8,8 +8,14 @@ run directory in DIR. Time is simulated time for sim runs, wall time otherwise.
 Definitions (the baseline is the one-worker ``sgd`` cell on the same network):
   degradation  = (error - baseline error) / baseline error, in %
   speedup      = samples per second / the baseline's samples per second
-  time to acc. = first evaluation at or above the target accuracy
-  TTA speedup  = the baseline's time to accuracy / the cell's
+  time to target = first evaluation at or past the target (at or above it
+                 for accuracy, at or below it for a loss such as nats per char)
+  TTA speedup  = the baseline's time to target / the cell's
+
+The metric is the task's target metric, from the cells' summaries: test
+accuracy for image classification, test nats per character for a language
+model. "Error" is 100 (1 - accuracy) %, or the metric itself when lower is
+better.
   staleness    = server versions applied between a worker's pull and the
                  apply of its push (jaxdl.trace.summarize)
 
@@ -33,6 +39,7 @@ from jaxdl.compare import CELLS_FILE, GRID_FILE
 from jaxdl.errors import ConfigError
 
 BASELINE = "sgd"
+ACCURACY = "test_accuracy"  # the target metric of runs that do not name one
 REPORT = "report.md"
 
 
@@ -42,8 +49,8 @@ class ReportArgs:
   into it, and print the tables."""
   dir: tyro.conf.Positional[str]
   """The comparison directory."""
-  target_accuracy: float | None = None
-  """Accuracy for the time-to-accuracy columns (unset: 95% of one-worker SGD's, rounded down)."""
+  target: float | None = None
+  """Target of the time-to-target columns, in the task's metric (unset: 95% of one-worker SGD's accuracy rounded down, or 105% of its loss rounded up)."""
 
 
 @dataclasses.dataclass
@@ -56,7 +63,7 @@ class CellResult:
   timing: bool
   summary: dict[str, Any]
   curve: list[dict[str, float]]
-  """Evaluations: step, epoch, time (simulated or wall) and test_accuracy."""
+  """Evaluations: step, epoch, time (simulated or wall) and score (the metric)."""
   async_bn: bool = False
   """Evaluated with the server's asynchronous batch-norm statistics (--async-bn)."""
   algorithm: str = ""
@@ -69,9 +76,18 @@ class CellResult:
     return self.summary.get("status") == "diverged"
 
   @property
-  def accuracy(self) -> float | None:
-    """Final test accuracy; None for a diverged run."""
-    return None if self.diverged else self.summary.get("test_accuracy")
+  def metric(self) -> str:
+    """The summary's target metric (older runs: test accuracy)."""
+    return self.summary.get("target_metric", ACCURACY)
+
+  @property
+  def higher_is_better(self) -> bool:
+    return self.summary.get("higher_is_better", True)
+
+  @property
+  def score(self) -> float | None:
+    """The final target metric; None for a diverged run."""
+    return None if self.diverged else self.summary.get(self.metric)
 
   @property
   def simulated(self) -> bool:
@@ -99,7 +115,8 @@ class CellResult:
   def time_to(self, target: float) -> float | None:
     if self.diverged:
       return None
-    return next((p["time"] for p in self.curve if p["test_accuracy"] >= target), None)
+    reached = (lambda x: x >= target) if self.higher_is_better else (lambda x: x <= target)
+    return next((p["time"] for p in self.curve if reached(p["score"])), None)
 
 
 def _flat(path: Path) -> dict:
@@ -120,7 +137,7 @@ def step_times(path: Path, batch_sizes) -> list[float]:
 
 def _points(run: Path, summary: dict, workers: int) -> list[dict[str, Any]]:
   """Every record of metrics.jsonl: step, epoch, time (simulated or wall) and
-  test_accuracy (None between evaluations)."""
+  score, the target metric (None between evaluations)."""
   path = run / "metrics.jsonl"
   if not path.exists():
     return []
@@ -128,7 +145,8 @@ def _points(run: Path, summary: dict, workers: int) -> list[dict[str, Any]]:
   simulated = "simulated_time_s" in summary and (run / "trace.jsonl").exists()
   sizes = summary.get("batch_sizes") or workers
   ends = step_times(run / "trace.jsonl", sizes) if simulated and records else []
-  return [{"step": r["step"], "epoch": r["epoch"], "test_accuracy": r.get("test_accuracy"),
+  metric = summary.get("target_metric", ACCURACY)
+  return [{"step": r["step"], "epoch": r["epoch"], "score": r.get(metric),
            "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
           for r in records]
 
@@ -163,7 +181,7 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
       continue
     results.append(CellResult(name, variant or labels.config_label(config), workers,
                               config["network"], bool(config.get("dry_run")), summary,
-                              [p for p in points if p["test_accuracy"] is not None],
+                              [p for p in points if p["score"] is not None],
                               bool(config.get("async_bn")), config["algorithm"],
                               points[-1] if points else None))
   return results, status
@@ -180,7 +198,10 @@ DIVERGED = "diverged"  # a diverged run's entry in every table, in place of a fi
 
 
 def _error(c: CellResult | None) -> float | None:
-  return None if c is None or c.accuracy is None else 100 * (1 - c.accuracy)
+  """Test error %, or the metric itself where lower is better (a loss)."""
+  if c is None or c.score is None:
+    return None
+  return 100 * (1 - c.score) if c.higher_is_better else c.score
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -196,32 +217,55 @@ def _workers(cells: list[CellResult]) -> list[int]:
   return sorted({c.workers for c in cells})
 
 
-def check_target(target_accuracy: float | None) -> None:
-  """--target-accuracy: unset, or an accuracy in (0, 1]."""
-  t = target_accuracy
-  if t is not None and not (math.isfinite(t) and 0 < t <= 1):
-    raise ConfigError("target_accuracy", t, "an accuracy in (0, 1], or unset (95% of SGD's)")
+def check_target(target: float | None, metric: str = ACCURACY) -> None:
+  """--target: unset, an accuracy in (0, 1], or another metric's positive value."""
+  t = target
+  if t is None:
+    return
+  if metric == ACCURACY and not (math.isfinite(t) and 0 < t <= 1):
+    raise ConfigError("target", t, "an accuracy in (0, 1], or unset (95% of SGD's)")
+  if not (math.isfinite(t) and t > 0):
+    raise ConfigError("target", t, f"a {metric_label(metric)} > 0, or unset (105% of SGD's)")
+
+
+def metric_label(metric: str) -> str:
+  """test_nats_per_char -> test nats per char."""
+  return metric.replace("_", " ")
 
 
 class Report:
   """Tables and plots of one comparison directory."""
   baseline_variant = BASELINE
 
-  def __init__(self, directory: str | Path, target_accuracy: float | None = None):
-    check_target(target_accuracy)
+  def __init__(self, directory: str | Path, target: float | None = None):
     self.directory = Path(directory)
     cells, self.status = load(self.directory)
     self.train = [c for c in cells if not c.timing]
     self.timing = [c for c in cells if c.timing]
+    first = (self.train or self.timing or [None])[0]
+    self.metric = first.metric if first else ACCURACY
+    self.higher = first.higher_is_better if first else True
+    check_target(target, self.metric)
     self.networks = list(dict.fromkeys(c.network for c in self.train))
     self.main = self.networks[0] if self.networks else None
     baseline = self.baseline(self.main)
-    if target_accuracy is None:
-      finished = [c for c in self.train if c.accuracy is not None]
-      best = (baseline if baseline and baseline.accuracy is not None else
-              max(finished, key=lambda c: c.accuracy, default=None))
-      target_accuracy = math.floor(0.95 * best.accuracy * 100) / 100 if best else 0.0
-    self.target = target_accuracy
+    if target is None:
+      finished = [c for c in self.train if c.score is not None]
+      pick = max if self.higher else min
+      best = (baseline if baseline and baseline.score is not None else
+              pick(finished, key=lambda c: c.score, default=None))
+      target = (0.0 if best is None else math.floor(0.95 * best.score * 100) / 100
+                if self.higher else math.ceil(1.05 * best.score * 100) / 100)
+    self.target = target
+
+  @property
+  def label(self) -> str:
+    """The metric as the tables name it: test accuracy, test nats per char."""
+    return metric_label(self.metric)
+
+  @property
+  def error_label(self) -> str:
+    return "Test error %" if self.higher else metric_label(self.metric).capitalize()
 
   def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
     pool = self.timing if timing else self.train
@@ -234,20 +278,20 @@ class Report:
     return next((c for c in pool if (c.variant, c.workers, c.network) ==
                  (variant, workers, network)), None)
 
-  def accuracy_table(self, network: str) -> str:
-    """IPDPS'21 Table III: test accuracy, rows workers, columns algorithms."""
+  def metric_table(self, network: str) -> str:
+    """IPDPS'21 Table III: the test metric, rows workers, columns algorithms."""
     cells = [c for c in self.train if c.network == network]
     variants = _variants(cells)
     rows = []
     for m in _workers(cells):
       row = [self._cell(v, m, network) for v in variants]
       if any(row):
-        rows.append([str(m)] + [DIVERGED if c and c.diverged else _fmt(c and c.accuracy)
+        rows.append([str(m)] + [DIVERGED if c and c.diverged else _fmt(c and c.score)
                                 for c in row])
     return _markdown(["workers"] + variants, rows)
 
   def error_table(self, network: str) -> str:
-    """LC-ASGD Table 3: test error % and degradation against one-worker SGD."""
+    """LC-ASGD Table 3: test error % (or a loss) and degradation against one-worker SGD."""
     cells = [c for c in self.train if c.network == network]
     base = self.baseline(network)
     base_error = _error(base)
@@ -284,7 +328,7 @@ class Report:
 
   def scaling_table(self, network: str) -> str:
     """Throughput speedup (here and on the timing networks), time to the
-    target accuracy, waiting, staleness and bytes, one row per cell."""
+    target, waiting, staleness and bytes, one row per cell."""
     base = self.baseline(network)
     timing_nets = list(dict.fromkeys(c.network for c in self.timing if c.network != network))
     header = (["cell", "time (s)", "samples/s", "speedup"]
@@ -351,14 +395,14 @@ class Report:
     parts = []
     for net in self.networks:
       where = f" ({net})" if len(self.networks) > 1 else ""
-      parts += [f"### Test accuracy{where} (layout of IPDPS'21 Table III)",
-                self.accuracy_table(net),
-                f"### Test error %, degradation against one-worker SGD{where} "
+      parts += [f"### {self.label.capitalize()}{where} (layout of IPDPS'21 Table III)",
+                self.metric_table(net),
+                f"### {self.error_label}, degradation against one-worker SGD{where} "
                 "(layout of LC-ASGD Table 3)", self.error_table(net)]
       if any(c.async_bn for c in self.train if c.network == net):
-        parts += [f"### Test error %, BN / Async-BN{where} (LC-ASGD Table 3)",
+        parts += [f"### {self.error_label}, BN / Async-BN{where} (LC-ASGD Table 3)",
                   self.bn_error_table(net)]
-      parts += [f"### Speedup, time to accuracy, waiting, staleness, bytes{where}",
+      parts += [f"### Speedup, time to target, waiting, staleness, bytes{where}",
                 self.scaling_table(net)]
       notes = self.staleness_notes(net)
       parts += [notes] if notes else []
@@ -376,9 +420,10 @@ class Report:
     written = write_all(self, self.directory)
     intro = (f"# Comparison: {self.directory.name}\n\n"
              f"{len(self.train)} training runs, {len(self.timing)} timing runs. Time is "
-             "simulated time for sim runs, wall time otherwise. Degradation = (error − "
-             "one-worker SGD's error) / SGD's error; speedup = samples/s over one-worker "
-             f"SGD's on the same network; target accuracy {self.target:.2f}.\n\n")
+             f"simulated time for sim runs, wall time otherwise. Metric: {self.label}. "
+             "Degradation = (error − one-worker SGD's error) / SGD's error; speedup = "
+             f"samples/s over one-worker SGD's on the same network; target {self.label} "
+             f"{self.target:.2f}.\n\n")
     figures = "\n".join(f"![{p.stem}]({p.name})" for p in written)
     path = self.directory / REPORT
     path.write_text(intro + self.tables() + "\n### Plots\n\n" + figures + "\n")

@@ -16,13 +16,13 @@ from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
 from jaxdl.checkpoint import Checkpointer, abstract
 from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve,
                           validate)
-from jaxdl.data import Streams, load_dataset, make_streams
+from jaxdl.data import Streams, TextDataset, load_dataset, make_streams
 from jaxdl.engines import ENGINES, Engine
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.fingerprint import fingerprint
-from jaxdl.models import build_model, count_params
+from jaxdl.models import MODELS, TEXT_MODELS, build_model, count_params
 from jaxdl.optim import make_optimizer, with_defaults
-from jaxdl.task import Task, check_task, classification, with_task
+from jaxdl.task import Task, check_task, classification, language_model, with_task
 
 
 def default_out(config: RunConfig) -> Path:
@@ -49,11 +49,19 @@ class Setup:
 
 
 def build_task(config: RunConfig) -> Task:
-  """The image-classification task of the config's --dataset and --model."""
-  data = config.data
+  """The task of the config's --dataset and --model: image classification,
+  or a language model on a text dataset."""
+  data, name = config.data, config.model.model
   dataset = load_dataset(data.dataset, data_dir=data.data_dir, image_size=data.image_size)
-  model = build_model(config.model.model, dataset.num_classes, dataset.image_shape,
-                      config.model.stem)
+  text = isinstance(dataset, TextDataset)
+  if text != (name in TEXT_MODELS):
+    kind, names = ("a text model", TEXT_MODELS.names()) if text else ("an image model",
+                                                                       MODELS.names())
+    raise ConfigError("model", name, f"{kind} for --dataset {data.dataset}: "
+                      + ", ".join(names))
+  if text:
+    return language_model(dataset, name)
+  model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
   return classification(model, dataset)
 
 
@@ -136,7 +144,10 @@ class Evaluator:
       rows = len(next(iter(batch.values())))
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + float(v) * rows
-    return {f"test_{k}": v / self._size for k, v in sums.items()}
+    means = {k: v / self._size for k, v in sums.items()}
+    if self._task.derived is not None:
+      means.update(self._task.derived(means))
+    return {f"test_{k}": v for k, v in means.items()}
 
 
 def run(config: RunConfig | None = None, *, task: Task | None = None,

@@ -27,7 +27,7 @@ from jaxdl.data.fields import Data, FunctionData, IterableData, to_data
 from jaxdl.errors import ConfigError, TaskError
 
 __all__ = ["Data", "FunctionData", "IterableData", "Task", "check_task", "classification",
-           "from_linen", "from_nnx", "with_task"]
+           "from_linen", "from_nnx", "language_model", "with_task"]
 
 Fields = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -68,6 +68,8 @@ class Task:
     batch_stats: the loss takes ``stats=``, a `jaxdl.models.layers.BatchStats`
       (``--sync-bn``, ``--async-bn``).
     info: figures of the task for the summary (e.g. a baseline).
+    derived: further test metrics from the averaged ones, e.g. perplexity
+      from nats per character (a mean of exponentials is not one).
   """
   init: Callable[[jax.Array], tuple[Any, Any]]
   loss: Callable[..., tuple[jax.Array, tuple[Any, Metrics]]]
@@ -80,6 +82,7 @@ class Task:
   weighted: bool = False
   batch_stats: bool = False
   info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  derived: Callable[[dict[str, float]], dict[str, float]] | None = None
 
   def __post_init__(self):
     for field in ("init", "loss"):
@@ -137,6 +140,34 @@ def classification(model, dataset=None) -> Task:
               evaluate=evaluate, target="accuracy", higher_is_better=True,
               name=f"{dataset.name if dataset else 'images'}/{model.name}", weighted=True,
               batch_stats=True)
+
+
+def language_model(dataset, model: str = "transformer") -> Task:
+  """Next-character prediction on a `TextDataset` with a text model
+  (jaxdl.models.TEXT_MODELS), reported in nats per character and perplexity,
+  with the unigram baseline in the summary."""
+  from jaxdl.models import TEXT_MODELS
+  build = TEXT_MODELS.get(model)
+  init, apply = from_nnx(lambda rngs: build(len(dataset.vocab), dataset.context, rngs=rngs))
+
+  def nats(params, model_state, tokens):
+    logits, model_state = apply(params, model_state, tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]), model_state
+
+  def loss(params, model_state, batch, key):
+    del key  # no dropout
+    nats_BxT, model_state = nats(params, model_state, batch["tokens"])
+    return jnp.sum(nats_BxT.mean(-1) * batch["weight"]), (model_state, {})
+
+  def evaluate(params, model_state, batch):
+    return {"nats_per_char": jnp.mean(nats(params, model_state, batch["tokens"])[0])}
+
+  unigram = dataset.unigram_nats_per_char
+  return Task(init=init, loss=loss, evaluate=evaluate, train=dataset.train, test=dataset.test,
+              target="nats_per_char", higher_is_better=False, name=f"{dataset.name}/{model}",
+              weighted=True, info={"unigram_nats_per_char": unigram,
+                                   "unigram_perplexity": float(np.exp(unigram))},
+              derived=lambda m: {"perplexity": float(np.exp(m["nats_per_char"]))})
 
 
 def from_linen(module, *example, **kwargs) -> tuple[Callable, Callable]:

@@ -231,9 +231,15 @@ def test_compare_validates_the_whole_grid_first(capsys, tmp_path, flags, flag):
 @pytest.mark.parametrize("value", ["0", "1.5", "nan"])
 def test_compare_refuses_a_target_accuracy_out_of_range(tmp_path, capsys, value):
   out = tmp_path / "cmp"
-  line = refused(capsys, ["compare", "--out", str(out), "--target-accuracy", value],
-                 "--target-accuracy", out)
+  line = refused(capsys, ["compare", "--out", str(out), "--target", value], "--target", out)
   assert "(0, 1]" in line
+
+
+def test_compare_on_text_takes_a_target_in_nats(tmp_path, capsys):
+  out = tmp_path / "cmp"
+  line = refused(capsys, ["compare", "--out", str(out), "--dataset", "python_docs",
+                          "--model", "transformer", "--target", "-1"], "--target", out)
+  assert "a test nats per char > 0" in line
 
 
 @pytest.mark.parametrize("value", ["1", "1.5"])

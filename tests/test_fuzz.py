@@ -126,7 +126,7 @@ COMPARE_FLAGS = {
     "--gossip-probabilities": (st.lists(RATE, min_size=1, max_size=2),
                                st.lists(NUMBERS, max_size=2)),
     "--networks": (st.just(["1gbps"]), st.just(["fast"])),
-    "--target-accuracy": (st.just("0.5"), NUMBERS), "--jobs": (st.just("1"), st.just("x")),
+    "--target": (st.just("0.5"), NUMBERS), "--jobs": (st.just("1"), st.just("x")),
     "--lr": (st.just("0.05"), ANY), "--engine": (st.just("sim"), st.sampled_from(["mesh", "x"])),
     "--network": (st.nothing(), ANY), "--dc-lambda": (RATE, NUMBERS),
     "--experiment": (st.nothing(), st.sampled_from(["/nowhere.py", "/etc/hostname"])),

@@ -67,7 +67,7 @@ def test_step_times_follow_the_engines_step_count(comparison):
 def test_accuracy_and_error_tables(comparison):
   r = report.Report(comparison)
   assert [c.variant for c in r.train] == ["asp", "sgd", "ssp_s3"]  # names from configs
-  acc = _rows(r.accuracy_table("10gbps"))
+  acc = _rows(r.metric_table("10gbps"))
   assert acc == {"1": ["—", "0.9500", "—"], "4": ["0.9000", "—", "0.9400"]}
   err = _rows(r.error_table("10gbps"))
   assert err == {"1": ["", "5.00", ""], "4": ["10.00 (+100.0%)", "", "6.00 (+20.0%)"]}
@@ -139,13 +139,13 @@ def test_a_diverged_cell_shows_diverged_never_a_figure(comparison):
   _diverged_cell(comparison)
   r = report.Report(comparison)
   assert r.target == 0.90  # from the finished cells only
-  assert _rows(r.accuracy_table("10gbps"))["8"] == ["—", "—", "diverged"]
+  assert _rows(r.metric_table("10gbps"))["8"] == ["—", "—", "diverged"]
   assert _rows(r.error_table("10gbps"))["8"] == ["", "", "diverged"]
   row = _rows(r.scaling_table("10gbps"))["ssp_s3 ×8"]
   assert row[0] == "diverged at step 2" and set(row[1:]) == {"—"}
   assert "- `ssp_s3-m8`: train loss nan at step 2" in r.tables()
   cell = next(c for c in r.train if c.diverged)
-  assert cell.last == {"step": 3, "epoch": 1.5, "test_accuracy": None, "time": pytest.approx(0.24)}
+  assert cell.last == {"step": 3, "epoch": 1.5, "score": None, "time": pytest.approx(0.24)}
   # the curves end in an x at the stopping point, labelled diverged
   fig = plots.curves(r, "epoch")
   marks = [l for ax in fig.axes for l in ax.get_lines() if "diverged" in l.get_label()]
@@ -236,3 +236,30 @@ def test_never_bound_from_real_runs(tmp_path):
   assert ("- ssp_s1000: the staleness bound s never bound at 4 workers: identical to asp"
           in notes)
   assert "ssp_s0" not in notes
+
+
+def test_a_language_model_comparison_reads_lower_nats_as_better(tmp_path):
+  d = tmp_path / "lm"
+
+  def cell(name, nats, evals, trace_times, **config):
+    _run_dir(d, name, {"samples": 1000, "simulated_time_s": 1.0, "test_nats_per_char": nats,
+                       "target_metric": "test_nats_per_char", "higher_is_better": False},
+             trace_times=trace_times, dataset="python_docs", model="transformer", **config)
+    (d / name / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "epoch": s / 2, "train_loss": 1.0, "wall_time_s": 9.0,
+                    "test_nats_per_char": x}) + "\n" for s, x in evals))
+
+  cell("sgd-m1", 1.5, [(1, 2.5), (2, 1.5)], [0.4, 1.0], algorithm="sgd", workers=1)
+  cell("asp-m4", 1.8, [(1, 1.55), (2, 1.8)], [0.05 * k for k in range(1, 9)],
+       algorithm="asp", workers=4)
+  r = report.Report(d)
+  assert (r.metric, r.higher, r.target) == ("test_nats_per_char", False, 1.58)  # 105%, up
+  assert _rows(r.metric_table("10gbps")) == {"1": ["—", "1.5000"], "4": ["1.8000", "—"]}
+  assert _rows(r.error_table("10gbps")) == {"1": ["", "1.50"], "4": ["1.80 (+20.0%)", ""]}
+  # time to 1.58: the first evaluation at or below it (sgd's 2nd, asp's 1st)
+  assert [c.time_to(r.target) for c in r.train] == [pytest.approx(0.2), 1.0]
+  tables = r.tables()
+  assert "### Test nats per char (layout" in tables and "accuracy" not in tables.lower()
+  with pytest.raises(report.ConfigError, match="--target=0.0 .*test nats per char > 0"):
+    report.Report(d, 0.0)
+  assert report.Report(d, 2.0).target == 2.0  # any positive nats: not an accuracy

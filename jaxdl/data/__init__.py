@@ -8,12 +8,13 @@ from typing import Callable
 from jaxdl.data import sources
 from jaxdl.data.base import Dataset, Split
 from jaxdl.data.fields import ArrayFields, FunctionData, ImageFields, IterableData
+from jaxdl.data.text import CORPORA, TextDataset, load_text
 from jaxdl.data.streams import Streams, WorkerStreams, make_streams, partition_batch
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 
-__all__ = ["DATASETS", "ArrayFields", "Dataset", "FunctionData", "ImageFields", "IterableData",
-           "Split", "Streams", "WorkerStreams", "check_image_size", "check_name",
+__all__ = ["CORPORA", "DATASETS", "ArrayFields", "Dataset", "FunctionData", "ImageFields", "IterableData",
+           "Split", "Streams", "TextDataset", "WorkerStreams", "check_image_size", "check_name",
            "describe_datasets", "load_dataset", "make_streams", "partition_batch"]
 
 
@@ -33,6 +34,9 @@ DATASETS.register("mnist", sources.load_mnist.__doc__)(
     lambda opts: sources.load_mnist(opts.data_dir))
 DATASETS.register("fashion_mnist", sources.load_fashion_mnist.__doc__)(
     lambda opts: sources.load_fashion_mnist(opts.data_dir))
+DATASETS.register("python_docs", "Text: the Python reference's topic pages (466 KB, "
+                  "PSF License), character windows of 64 for --model transformer.")(
+    lambda opts: load_text("python_docs"))
 DATASETS.register("synthetic", "Random 32x32x3 images (--image-size N: NxNx3) for "
                   "throughput work; nothing to learn.")(
     lambda opts: sources.load_synthetic(opts.synthetic_shape,

@@ -8,15 +8,22 @@ from typing import Any, Callable
 import jax
 
 from jaxdl.errors import ConfigError
-from jaxdl.models import resnet, simple, vgg
+from jaxdl.models import resnet, simple, transformer, vgg
 from jaxdl.models.base import Model, from_nnx
 from jaxdl.registry import Registry
 
-__all__ = ["MODELS", "Model", "build_model", "count_params"]
+__all__ = ["MODELS", "TEXT_MODELS", "Model", "build_model", "check_model", "count_params"]
 
 # An entry builds an NNX module: entry(image_shape, num_classes, stem, rngs=...).
 Builder = Callable[..., Any]
 MODELS: Registry[Builder] = Registry("model")
+
+# An entry builds an NNX language model: entry(vocab_size, context, rngs=...),
+# called on tokens (B, T) for logits (B, T, vocab_size).
+TEXT_MODELS: Registry[Builder] = Registry("model")
+TEXT_MODELS.register("transformer", "Character-level transformer: 2 pre-norm blocks, "
+                     "width 64, 4 heads, learned positions (text datasets).")(
+    transformer.CharTransformer)
 
 STEMS = ("auto", "cifar", "imagenet")
 _IMAGENET_MIN_SIDE = 128  # "auto" picks the ImageNet stem from this side up
@@ -58,6 +65,12 @@ def resolve_stem(stem: str, image_shape: tuple[int, int, int]) -> str:
   if stem != "auto":
     return stem
   return "imagenet" if min(image_shape[:2]) >= _IMAGENET_MIN_SIDE else "cifar"
+
+
+def check_model(name: str) -> None:
+  """Raises the ConfigError for a name that is neither an image nor a text model."""
+  if name not in MODELS and name not in TEXT_MODELS:
+    raise ConfigError("model", name, "one of " + ", ".join(MODELS.names() + TEXT_MODELS.names()))
 
 
 def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
