@@ -1,0 +1,39 @@
+"""The language model in the box: --dataset python_docs --model transformer."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import jaxdl
+from jaxdl.config import RunConfig
+from jaxdl.errors import ConfigError
+
+LM = dict(dataset="python_docs", model="transformer", batch_size=32, optimizer="adam",
+          lr=3e-3, schedule="constant", progress=False)
+
+
+def test_the_transformer_beats_the_unigram_baseline(tmp_path):
+  summary = jaxdl.run(RunConfig.make(steps=150, out=str(tmp_path / "lm"), **LM))
+  assert summary["target_metric"] == "test_nats_per_char" and not summary["higher_is_better"]
+  assert summary["test_perplexity"] == pytest.approx(math.exp(summary["test_nats_per_char"]))
+  assert summary["unigram_perplexity"] == pytest.approx(
+      math.exp(summary["unigram_nats_per_char"]))
+  # below the unigram baseline by a margin: the model uses the context
+  assert summary["test_nats_per_char"] < summary["unigram_nats_per_char"] - 0.4, summary
+
+
+def test_asynchronous_workers_train_it_too(tmp_path):
+  summary = jaxdl.run(RunConfig.make(steps=60, algorithm="asp", workers=4, engine="sim",
+                                     compute_time=1e-3, out=str(tmp_path / "asp"), **LM))
+  assert summary["test_nats_per_char"] < summary["unigram_nats_per_char"]
+
+
+@pytest.mark.parametrize("dataset,model,kind", [("python_docs", "mlp", "a text model"),
+                                                ("digits", "transformer", "an image model")])
+def test_a_model_of_the_other_kind_is_refused(tmp_path, dataset, model, kind):
+  with pytest.raises(ConfigError, match=f"--model='{model}' is not valid: {kind} for "
+                                        f"--dataset {dataset}"):
+    jaxdl.run(RunConfig.make(dataset=dataset, model=model, steps=1,
+                             out=str(tmp_path / "x"), progress=False))
+  assert not (tmp_path / "x").exists()
