@@ -249,13 +249,15 @@ def check_task(problem, streams) -> None:
   have, or does not return ``(scalar, (model_state, metrics))`` with scalar
   metrics."""
   from jaxdl.algorithms.base import Batch
+  from jaxdl.algorithms.collectives import WorkerAxis
   task = problem.task
   fields, weights, ids = streams.stacked_batches([(0, 0)])
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                        Batch(fields, weights, ids))
   params, model_state = jax.eval_shape(task.init, jax.random.key(0))
   try:
-    out = jax.eval_shape(problem.task_loss, params, model_state, batch)
+    out = jax.eval_shape(lambda p, s, b: problem.task_loss(p, s, b, WorkerAxis(1)), params,
+                         model_state, batch)
   except KeyError as e:
     have = sorted(fields) + (["weight"] if task.weighted else [])
     raise TaskError(task.name, "loss", f"a loss that reads only the batch's fields "

@@ -70,7 +70,7 @@ class Problem:
     key = jax.random.fold_in(jax.random.key(self.seed), 1)  # 0: initialisation
     return jax.random.fold_in(jax.random.fold_in(key, ids[0]), ids[1])
 
-  def task_loss(self, params, model_state, batch: Batch, axis: WorkerAxis | None = None):
+  def task_loss(self, params, model_state, batch: Batch, axis: WorkerAxis):
     """The task's own loss on the batch: (loss, (model state, metrics))."""
     fields = dict(batch.fields)
     kwargs = {}
@@ -78,7 +78,7 @@ class Problem:
       fields["weight"] = batch.weights
     if self.task.batch_stats:
       kwargs["stats"] = BatchStats(mask=batch.mask,
-                                   psum=axis.psum if self.sync_bn and axis else None,
+                                   psum=axis.psum if self.sync_bn else None,
                                    momentum=0.0 if self.async_bn else None)
     return self.task.loss(params, model_state, fields, self.batch_key(batch.ids), **kwargs)
 

@@ -12,8 +12,10 @@ from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.algorithms.asp import WorkerState
 from jaxdl.config import RunConfig
 from jaxdl.errors import ConfigError
-from jaxdl.task import classification
+from jaxdl.algorithms import async_bn, lc_asgd
+from jaxdl.algorithms.shapes import Collective
 from jaxdl.models import build_model
+from jaxdl.task import classification
 from jaxdl.models.layers import BatchNorm, BatchStats
 
 RUN = dict(model="mlp", epochs=1, workers=4, batch_size=8, progress=False,
@@ -71,3 +73,44 @@ def test_async_bn_runs_and_changes_what_is_evaluated(tmp_path):
 def test_async_bn_needs_a_server(name):
   with pytest.raises(ConfigError, match="async-bn"):
     jaxdl.run(RunConfig.make(algorithm=name, workers=2, async_bn=True, progress=False))
+
+
+def test_the_refusal_names_the_flag_and_the_algorithm():
+  with pytest.raises(ConfigError) as error:
+    async_bn.check(Collective, "bsp")
+  assert (error.value.field, error.value.value) == ("async_bn", True)
+  assert str(error.value) == ("--async-bn=True is not valid: only for asynchronous algorithms "
+                              "with a server (asp, ssp, easgd, dc_asgd, lc_asgd); bsp has none")
+
+
+@pytest.mark.parametrize("name,flags", [("lc_asgd", {}), ("easgd", {"communication_period": 2})])
+def test_async_bn_changes_only_the_evaluated_statistics(tmp_path, name, flags):
+  """Batch norm trains on the batch's own statistics either way: the
+  parameters, and the algorithm's own figures (LC-ASGD's predictor errors),
+  are those of the run without Async-BN."""
+  run = dict(RUN, model="cnn_bn", steps=12, algorithm=name, **flags)
+  plain = jaxdl.run(RunConfig.make(out=str(tmp_path / "p"), **run))
+  abn = jaxdl.run(RunConfig.make(async_bn=True, out=str(tmp_path / "a"), **run))
+  assert abn["params_fingerprint"] == plain["params_fingerprint"]
+  assert abn["model_state_fingerprint"] != plain["model_state_fingerprint"]
+  own = {k: v for k, v in plain.items() if k.startswith("lc_")}
+  # (accumulated in another jitted program: equal but for float rounding)
+  assert {k: v for k, v in abn.items() if k.startswith("lc_")} == pytest.approx(own, rel=1e-5)
+  assert bool(own) == (name == "lc_asgd")
+
+
+def test_lc_asgd_is_built_from_the_pieces_given():
+  seen = []
+
+  def pieces(settings, num_workers):
+    seen.append((settings, num_workers))
+    return lc_asgd.default_pieces(settings, num_workers)
+
+  problem = Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
+  settings = lc_asgd.LCSettings(lc_lambda=0.5)
+  built = lc_asgd.make(pieces)(settings, problem, 3)
+  assert seen == [(settings, 3)]
+  default = lc_asgd.build(settings, problem, 3)
+  key = jax.random.key(0)
+  assert jax.tree.structure(built.init_server(key)) == jax.tree.structure(
+      default.init_server(key))

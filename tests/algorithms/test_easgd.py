@@ -25,3 +25,13 @@ def test_easgd_without_elasticity_leaves_workers_independent():
     alone = sgd.evaluated(train(sgd, steps)[0])[0]
     chex.assert_trees_all_close(jax.tree.map(lambda x: x[w], state.workers.params), alone,
                                 rtol=1e-5, atol=1e-6)
+
+
+def test_a_worker_exchanges_after_every_period_of_local_steps():
+  engine = make_setup(CONFIG.replace(communication_period=3), total_steps=12).engine
+  events = engine.trace()
+  for w in range(4):
+    local = [e.iteration for e in events if e.kind == "local" and e.worker == w]
+    exchanges = [e.iteration for e in events if e.kind == "exchange" and e.worker == w]
+    assert exchanges and exchanges == [i for i in local if (i + 1) % 3 == 0][:len(exchanges)]
+    assert len(exchanges) >= len(local) // 3 - 1  # the last may not have arrived

@@ -43,3 +43,26 @@ def test_gosgd_conserves_weight_and_the_weighted_model():
   chex.assert_trees_all_close(before, _weighted_sum(sender2, receiver2), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(sender2.weight + receiver2.weight,
                              sender.weight + receiver.weight, rtol=1e-6)
+
+
+def _worker(params, stats, weight):
+  return gosgd.GossipWorker({"w": np.float32(params)}, {"bn": np.float32(stats)}, (),
+                            np.float32(weight))
+
+
+def test_a_message_merges_parameters_and_statistics_by_weight():
+  receiver = _worker(1.0, 10.0, 0.25)
+  _, message = gosgd.send(_worker(3.0, 30.0, 0.5))  # half of 0.5 travels
+  merged = gosgd.receive(receiver, message)
+  # (0.25 * x_r + 0.25 * x_m) / 0.5, for the parameters and the batch-norm state
+  assert float(merged.params["w"]) == 2.0 and float(merged.model_state["bn"]) == 20.0
+  assert float(merged.weight) == 0.5
+
+
+def test_the_evaluated_model_is_the_weighted_mean_even_with_weight_in_flight():
+  # weights 0.375 and 0.125 (0.5 is in flight): the normalized mean
+  workers = gosgd.GossipWorker({"w": np.array([1.0, 5.0], np.float32)},
+                               {"bn": np.array([2.0, 6.0], np.float32)}, (),
+                               np.array([0.375, 0.125], np.float32))
+  params, stats = gosgd.evaluated(workers)
+  assert float(params["w"]) == 2.0 and float(stats["bn"]) == 3.0

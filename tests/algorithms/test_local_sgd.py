@@ -1,5 +1,6 @@
 """Local SGD: local steps, then model averaging every H steps."""
 import chex
+import jax
 import numpy as np
 
 from jaxdl.config import RunConfig
@@ -26,3 +27,18 @@ def test_local_sgd_workers_diverge_between_averagings_and_agree_after():
   state, _ = train(engine, 3)
   for w in leaves(engine.worker_states(state).params):
     np.testing.assert_allclose(w[0], w[3], rtol=1e-6)  # averaged after step 3
+
+
+def test_local_sgd_evaluates_the_mean_model_and_can_sync_batch_norm():
+  bn = dict(BASE, model="cnn_bn")
+  local = make_engine(RunConfig.make(algorithm="local_sgd", sync_bn=True,
+                                     communication_period=1, **bn))
+  ar = make_engine(RunConfig.make(algorithm="ar_sgd", sync_bn=True, **bn))
+  state, _ = train(local, 3)
+  params, stats = local.evaluated(state)
+  workers = local.worker_states(state)
+  chex.assert_trees_all_close(stats, jax.tree.map(lambda x: x.mean(0), workers.model_state),
+                              rtol=1e-6)
+  # with synchronized statistics and period 1, the all-reduce's model
+  ar_params, ar_stats = ar.evaluated(train(ar, 3)[0])
+  chex.assert_trees_all_close((params, stats), (ar_params, ar_stats), rtol=1e-4, atol=1e-5)

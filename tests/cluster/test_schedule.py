@@ -380,3 +380,51 @@ def test_gossip_between_two_workers_by_hand():
   sent = [e for e in events if e.kind == "send"]
   assert len(sent) == 12 - 1  # every step but the one that spends the budget
   assert all(e.peer == 1 - e.worker for e in sent)
+
+
+def test_elastic_by_hand():
+  """One worker, 1 s a batch, a link of 1 model/s with 0.1 s latency, an
+  exchange every 2 local steps: the push arrives 1.1 s after the second step
+  (the exchange), the reply 1.1 s later, then the next step's second."""
+  cost = CostModel(1, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1)
+  events = elastic(cost, 4, period=2)
+  assert [(e.kind, e.iteration) for e in events] == [
+      ("local", 0), ("local", 1), ("exchange", 1), ("local", 2), ("local", 3)]
+  assert [e.time for e in events] == pytest.approx([1.0, 2.0, 3.1, 5.2, 6.2])
+  assert events.bytes_total == 2e9  # one push, one reply
+  # period 1: an exchange after every step; two workers' pushes queue at the server
+  two = CostModel(2, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
+                  speeds=(1.0, 2.0))
+  first = [(e.kind, e.worker, e.time) for e in elastic(two, 6, period=1)][:4]
+  assert first == [("local", 1, 0.5), ("local", 0, 1.0), ("exchange", 1, pytest.approx(1.6)),
+                   ("exchange", 0, pytest.approx(2.6))]
+
+
+@pytest.mark.parametrize("build,field,value,allowed", [
+    (lambda c, v: elastic(c, 4, period=v), "communication_period", 0,
+     "an integer >= 1 (local steps between exchanges)"),
+    (lambda c, v: gossip(c, 4, probability=v), "gossip_probability", 1.5,
+     "a probability in [0, 1]"),
+])
+def test_a_schedule_refuses_an_argument_out_of_range(build, field, value, allowed):
+  cost = CostModel(2, compute_s=1.0, model_bytes=1e6, bandwidth=1e9)
+  with pytest.raises(ValueError) as error:
+    build(cost, value)
+  assert str(error.value) == f"{field}={value!r}: {allowed}"
+
+
+def test_bsp_serves_the_pulls_in_rotation_by_hand():
+  """Three workers (1, 0.5 and 0.25 s a batch), one server link of 1 model/s
+  with 0.1 s latency. Pushes queue in finishing order (w2, w1, w0: barrier
+  3.35); the server then sends the model to w0, w1, w2 at step 0 (ready
+  4.45, 5.45, 6.45) and to w1, w2, w0 at step 1 (barrier 8.55; ready 11.65,
+  9.65, 10.65), so step 2's barrier is w0's push, 12.65 + 1.1. Worked out on
+  paper."""
+  cost = CostModel(3, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
+                   speeds=(1.0, 2.0, 4.0))
+  events = synchronous(cost, 3, "ps")
+  assert [e.time for e in events if e.kind == "step"] == pytest.approx([3.35, 8.55, 13.75])
+  waits = {(e.iteration, e.worker): e.duration for e in events if e.kind == "wait"}
+  assert waits == pytest.approx({(0, 0): 2.35, (0, 1): 2.85, (0, 2): 3.1,
+                                 (1, 0): 3.1, (1, 1): 2.6, (1, 2): 1.85,
+                                 (2, 0): 1.1, (2, 1): 3.6, (2, 2): 2.85})
