@@ -67,10 +67,10 @@ def compile_init(init, *args, out_shardings=None):
   """Compiles an initialization function once.
 
   Op by op, every parameter's initializer would compile on its own. The
-  compile keeps XLA's default optimization: without it (level 0) the CPU
-  backend compiles 2-3x faster but rounds the random initializers
-  differently, and a run's initial parameters would no longer be the bits
-  of the task's ``init(key)`` called by hand.
+  compile keeps XLA's default optimization: at level 0 the CPU backend
+  compiles faster but rounds the random initializers differently, and a
+  run's initial parameters would no longer be the bits of the task's
+  ``init(key)`` called by hand.
   """
   return jax.jit(init, out_shardings=out_shardings).lower(*args).compile()
 
