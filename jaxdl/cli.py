@@ -163,7 +163,12 @@ def _list(args: list[str]) -> int:
   from jaxdl.engines import engines_for
   from jaxdl.settings import field_docs
 
+  from jaxdl.task import TASKS, task_names
   sections = [("datasets (--dataset)", describe_datasets())]
+  tasks = [(f"task:{n}", TASKS.doc(n) if n in TASKS else "(an installed package's)")
+           for n in task_names()]
+  if tasks:
+    sections.append(("registered tasks (--dataset task:NAME)", tasks))
   for title, registry in (("models (--model)", MODELS),
                           ("text models (--model, on text datasets)", TEXT_MODELS),
                           ("optimizers (--optimizer)", OPTIMIZERS)):

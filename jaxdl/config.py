@@ -402,10 +402,17 @@ def validate(config: RunConfig, task: Any = None) -> RunConfig:
     raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
   if c["resume"] and c["overwrite"]:
     raise ConfigError("overwrite", True, "not together with --resume")
-  for field in ("dataset", "model"):
-    if c[field].startswith(TASK_PREFIX) and task is None:
-      raise ConfigError(field, c[field], "a name from `jaxdl list`: task:NAME is a script's "
-                        "own task, which only its script can run (jaxdl.run(config, task=...))")
+  if task is None and c["dataset"].startswith(TASK_PREFIX):
+    from jaxdl.task import task_names
+    name = c["dataset"][len(TASK_PREFIX):]
+    if name not in task_names():
+      raise ConfigError("dataset", c["dataset"], "a name from `jaxdl list`: task:NAME is a "
+                        "script's own task, which only its script can run (jaxdl.run(config, "
+                        "task=...)), unless registered (jaxdl.task.TASKS)")
+    task = name  # checked by name here; built by the runner
+  if c["model"].startswith(TASK_PREFIX) and task is None:
+    raise ConfigError("model", c["model"], "a name from `jaxdl list` (task:NAME is set by "
+                      "--dataset task:NAME)")
   if task is None:
     data.check_name(c["dataset"])
     data.check_image_size(c["dataset"], c["image_size"])

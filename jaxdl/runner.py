@@ -22,7 +22,8 @@ from jaxdl.errors import ConfigError, TaskError
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import MODELS, TEXT_MODELS, build_model, count_params
 from jaxdl.optim import make_optimizer, with_defaults
-from jaxdl.task import Task, check_task, classification, language_model, with_task
+from jaxdl.task import (Task, check_task, classification, language_model, of_config,
+                        with_task)
 
 
 def default_out(config: RunConfig) -> Path:
@@ -69,8 +70,9 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
   """Validates `config` and builds its task (`task`, or the config's dataset
   and model), data streams, algorithm and engine; writes nothing. `streams`
   replaces the task's data streams (tests)."""
-  config = with_task(config, task)
   validate(config, task)
+  task = of_config(config, task)
+  config = with_task(config, task)
   spec, engine_name = resolve(config)
   task = task or build_task(config)
   streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
@@ -166,8 +168,10 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   place of --dataset and --model, which then name it ``task:NAME``; a
   resume passes the same task again.
   """
-  config = with_task((config or RunConfig()).replace(**overrides), task)
+  config = (config or RunConfig()).replace(**overrides)
   validate(config, task)
+  task = of_config(config, task)
+  config = with_task(config, task)
   distributed.initialize(config.distributed)
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():

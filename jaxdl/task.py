@@ -25,9 +25,11 @@ import optax
 
 from jaxdl.data.fields import Data, FunctionData, IterableData, to_data
 from jaxdl.errors import ConfigError, TaskError
+from jaxdl.registry import Registry
 
-__all__ = ["Data", "FunctionData", "IterableData", "Task", "check_task", "classification",
-           "from_linen", "from_nnx", "language_model", "with_task"]
+__all__ = ["TASKS", "Data", "FunctionData", "IterableData", "Task", "check_task",
+           "classification", "from_linen", "from_nnx", "language_model", "registered",
+           "with_task"]
 
 Fields = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -222,6 +224,45 @@ def from_nnx(build: Callable[..., Any]) -> tuple[Callable, Callable]:
     return out, nnx.to_pure_dict(nnx.split(module, nnx.Param, ...)[2])
 
   return init, apply
+
+
+TASKS: Registry[Callable[[], Task]] = Registry("dataset")
+"""Tasks that the command line runs by name (``--dataset task:NAME``): each a
+factory of no arguments that returns the `Task`. A module registers its own
+(``TASKS.register("regression")(make_task)``); an installed package adds its
+through the entry-point group "jaxdl.tasks" (``NAME = "package.module:make_task"``)."""
+ENTRY_POINTS = "jaxdl.tasks"
+
+
+def task_names() -> list[str]:
+  """The registered tasks' names and those of installed packages (not imported)."""
+  from importlib.metadata import entry_points
+  return list(dict.fromkeys(TASKS.names() + [e.name for e in entry_points(group=ENTRY_POINTS)]))
+
+
+def registered(name: str) -> Task:
+  """The registered task `name`, built (an installed package's is imported now)."""
+  if name not in TASKS:
+    from importlib.metadata import entry_points
+    for entry in entry_points(group=ENTRY_POINTS, name=name):
+      TASKS.register(name)(entry.load())
+  from jaxdl.config import TASK_PREFIX
+  if name not in TASKS:
+    raise ConfigError("dataset", TASK_PREFIX + name, "a registered task: "
+                      + (", ".join(TASK_PREFIX + n for n in task_names()) or "none is"))
+  task = TASKS.get(name)()
+  if not isinstance(task, Task) or task.name != name:
+    raise TaskError(name, "factory", f"a function that returns a Task named {name!r}")
+  return task
+
+
+def of_config(config, task: Task | None) -> Task | None:
+  """`task`, or the registered task that the config's --dataset task:NAME names."""
+  from jaxdl.config import TASK_PREFIX
+  dataset = config.data.dataset
+  if task is None and dataset.startswith(TASK_PREFIX):
+    return registered(dataset[len(TASK_PREFIX):])
+  return task
 
 
 TASK_FIELDS = ("dataset", "data_dir", "image_size", "model", "stem")

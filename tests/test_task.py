@@ -238,3 +238,27 @@ def test_the_custom_task_example_prints_its_loss_falling(tmp_path, capsys, monke
   assert [line.split(":")[0] for line in lines] == list(example.RUNS)
   for summary in summaries.values():  # far below the loss of predicting the mean
     assert summary["test_mse"] < 0.05 * summary["mse_of_the_mean"]
+
+
+def test_a_registered_task_is_a_command_line_name(tmp_path, capsys):
+  from jaxdl.task import TASKS
+
+  def make_regression():
+    """Noisy linear regression (the test's)."""
+    return task()
+
+  TASKS.register("regression")(make_regression)
+  try:
+    out = tmp_path / "cli"
+    assert main(["run", "--dataset", "task:regression", "--steps", "30", "--batch-size", "8",
+                 "--lr", "0.05", "--momentum", "0", "--schedule", "constant", "--seed",
+                 str(SEED), "--no-progress", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["params_fingerprint"] == fingerprint(hand_written_loop(30, 0.05))
+    assert main(["list"]) == 0
+    assert "task:regression" in capsys.readouterr().out
+    # resumed from its config, as any run
+    assert main(["run", "--config", str(out / "config.json"), "--resume", "--out", str(out),
+                 "--no-progress"]) == 0
+  finally:
+    TASKS.remove("regression")
