@@ -30,7 +30,7 @@ from jaxdl.engines import base
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import handlers
-from jaxdl.engines.sim.runner import OpRunner, choose_batching, trace_gradient
+from jaxdl.engines.sim.runner import OpRunner, choose_batching, metric_names, trace_gradient
 from jaxdl.errors import ConfigError
 
 
@@ -161,7 +161,8 @@ class SimEngine:
     longest, batch_ops = planning.plan_sizes(self.events, self.step_ends[:total_steps],
                                              self.num_workers, batching == "loop", self.slots)
     batches = DeviceBatches(streams, batch_ops)
-    self.runner = OpRunner(handlers(algorithm, streams.weights()), batching, longest, batches)
+    self.runner = OpRunner(handlers(algorithm, streams.weights()), batching, longest, batches,
+                           metric_names(problem, streams.example))
 
   def init(self, key: jax.Array) -> SimState:
     m, algorithm = self.num_workers, self.algorithm
@@ -186,9 +187,9 @@ class SimEngine:
     end = self.step_ends[step]
     ops = planning.plan(self.events, int(state.position), end, iteration, computed,
                         self.batching == "loop", self.slots)
-    server, workers, (loss_sum, count) = self.runner(state.server, state.workers, ops)
+    server, workers, (sums, count) = self.runner(state.server, state.workers, ops)
     return (SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)),
-            {"loss": loss_sum / count})
+            {k: v / count for k, v in sums.items()})
 
   def figures(self) -> dict:
     stats = trace.summarize(self.events, self.num_workers, self.bytes_total)

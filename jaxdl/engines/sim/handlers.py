@@ -2,8 +2,8 @@
 
 A handler is ``(server, workers, sums, op, data) -> (server, workers, sums)``:
 `server` the server's state (for gossip: the messages in flight, stacked over
-slots), `workers` stacked over workers, `sums` the (loss sum, count) of the step's
-metrics so far, `op` one row of the step's `OpArrays`, `data` the device
+slots), `workers` stacked over workers, `sums` the (metric sums, count) of the
+step's metrics so far (each computing worker's own means, summed), `op` one row of the step's `OpArrays`, `data` the device
 batches. The shapes' functions are adapted to that one signature here; no
 algorithm's math is written in the engine.
 """
@@ -67,7 +67,8 @@ def _rows(data, index):
 def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
   """Each op kind's handler (see the module's docstring)."""
   weights_MxB = jnp.asarray(weights)
-  add = lambda sums, loss, count: (sums[0] + loss, sums[1] + count)
+  add = lambda sums, values, count: ({k: v + values[k] for k, v in sums[0].items()},
+                                     sums[1] + count)
   out = {"noop": lambda server, workers, sums, op, data: (server, workers, sums)}
   if isinstance(algorithm, Collective):  # all workers vmapped on this device
     m = weights.shape[0]
@@ -78,7 +79,7 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     def step_fn(server, workers, sums, op, data):
       batch = Batch(_rows(data, op.index), weights_MxB, op.ids)
       workers, metrics = step(workers, batch, op.iteration)
-      return server, workers, add(sums, jnp.sum(metrics["loss"]), 1.0)
+      return server, workers, add(sums, {k: jnp.sum(v) for k, v in metrics.items()}, 1.0)
     out["step"] = step_fn
     return out
 
@@ -91,8 +92,9 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
       new, metrics = fn(workers, Batch(_rows(data, op.index), weights_MxB, op.ids))
       keep = lambda n, o: jnp.where(op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
       share = weights_MxB.sum(axis=1)  # metric shares -> each worker's own means
+      means = {k: jnp.sum(v / share * op.mask) for k, v in metrics.items()}
       return server, jax.tree.map(keep, new, workers), add(
-          sums, jnp.sum(metrics["loss"] / share * op.mask), jnp.sum(op.mask, dtype=jnp.float32))
+          sums, means, jnp.sum(op.mask, dtype=jnp.float32))
     return run
 
   def one_worker(fn):
@@ -100,7 +102,9 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
       m, index = op.worker, op.index[op.worker]
       taken = _take(workers, m)
       new, metrics = fn(taken, Batch(_rows(data, index), weights_MxB[m], op.ids[m]))
-      return server, _put(workers, m, new, taken), add(sums, metrics["loss"] / weights_MxB[m].sum(), 1.0)
+      share = weights_MxB[m].sum()
+      means = {k: v / share for k, v in metrics.items()}
+      return server, _put(workers, m, new, taken), add(sums, means, 1.0)
     return run
 
   for kind in ("compute", "local"):

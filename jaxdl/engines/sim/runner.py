@@ -43,6 +43,11 @@ def trace_gradient(problem: Problem, example: dict, batch: int):
   return jax.jit(grad).trace(params, model_state, x)
 
 
+def metric_names(problem: Problem, example: dict) -> tuple[str, ...]:
+  """The names of the metrics a worker's gradient reports (the loss and the task's)."""
+  return tuple(sorted(trace_gradient(problem, example, 1).out_info[2]))
+
+
 def choose_batching(problem: Problem, example: dict, batch: int) -> str:
   """"loop" on the CPU for models with convolutions, else "vmap" (see above).
 
@@ -83,15 +88,17 @@ class OpRunner:
   """Runs a step's ops: one scanned call ("scan"), or one call per op."""
 
   def __init__(self, fns: dict[str, Callable], batching: str, length: int,
-               batches: DeviceBatches):
+               batches: DeviceBatches, metrics: tuple[str, ...] = ("loss",)):
     self.names, self.batching, self.length, self.batches = list(fns), batching, length, batches
+    self.metrics = metrics
     if batching == "scan":
       branches = [fns[n] for n in self.names]
 
       def run(server, workers, ops, data):
         def body(carry, op):
           return lax.switch(op.kind, branches, *carry, op, data), None
-        (server, workers, sums), _ = lax.scan(body, (server, workers, _zero_sums()), ops)
+        (server, workers, sums), _ = lax.scan(body, (server, workers, _zero_sums(metrics)),
+                                              ops)
         return server, workers, sums
       self.jitted = {"scan": jax.jit(run, donate_argnums=(0, 1))}
     else:
@@ -129,7 +136,7 @@ class OpRunner:
       arrays = self.encode(ops, self.length)
       return self.jitted["scan"](server, workers, arrays, self.batches.step_data())
     arrays = self.encode(ops, len(ops))
-    data, sums = self.batches.step_data(), _zero_sums()
+    data, sums = self.batches.step_data(), _zero_sums(self.metrics)
     start = 0
     while start < len(ops):
       kind, end = ops[start].kind, start + 1
@@ -155,5 +162,6 @@ def _repeat(fn):
   return run
 
 
-def _zero_sums():
-  return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+def _zero_sums(metrics: tuple[str, ...]):
+  zero = lambda: jnp.zeros((), jnp.float32)
+  return ({k: zero() for k in metrics}, zero())
