@@ -23,6 +23,7 @@ def test_the_transformer_beats_the_unigram_baseline(tmp_path):
   assert summary["test_nats_per_char"] < summary["unigram_nats_per_char"] - 0.4, summary
 
 
+@pytest.mark.slow  # about a minute on 2 cores; test_task.py trains every algorithm by default
 def test_asynchronous_workers_train_it_too(tmp_path):
   summary = jaxdl.run(RunConfig.make(steps=60, algorithm="asp", workers=4, engine="sim",
                                      compute_time=1e-3, out=str(tmp_path / "asp"), **LM))

@@ -6,7 +6,7 @@ from jaxdl.errors import ConfigError
 
 
 def test_registry_and_unknown_names():
-  assert DATASETS.names() == ["digits", "mnist", "fashion_mnist", "synthetic"]
+  assert DATASETS.names() == ["digits", "mnist", "fashion_mnist", "python_docs", "synthetic"]
   names = [name for name, _ in describe_datasets()]
   assert names[-2:] == ["tfds:NAME", "npz:PATH"]
   assert all(doc for _, doc in describe_datasets())
