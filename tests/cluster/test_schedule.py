@@ -428,3 +428,17 @@ def test_bsp_serves_the_pulls_in_rotation_by_hand():
   assert waits == pytest.approx({(0, 0): 2.35, (0, 1): 2.85, (0, 2): 3.1,
                                  (1, 0): 3.1, (1, 1): 2.6, (1, 2): 1.85,
                                  (2, 0): 1.1, (2, 1): 3.6, (2, 2): 2.85})
+
+
+def test_decentralized_by_hand():
+  """One worker: pull, compute 1 s, apply; nothing to average with. Two: each
+  sends its model to the other after its batch (1.0 + 0.1 + 1.0) and gets
+  the peer's back (another 1.1 s); both average at 3.2 and go on."""
+  cost = dict(compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1)
+  one = decentralized(CostModel(1, **cost), 3)
+  assert [(e.kind, e.time) for e in one] == [("pull", 0.0), ("apply", 1.0), ("pull", 1.0),
+                                              ("apply", 2.0), ("pull", 2.0), ("apply", 3.0)]
+  two = decentralized(CostModel(2, **cost), 4)
+  averages = [(e.worker, e.peer, e.iteration, e.time) for e in two if e.kind == "average"]
+  assert averages == [(0, 1, 0, pytest.approx(3.2)), (1, 0, 0, pytest.approx(3.2)),
+                      (0, 1, 1, pytest.approx(6.4)), (1, 0, 1, pytest.approx(6.4))]
