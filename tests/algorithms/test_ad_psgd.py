@@ -21,3 +21,17 @@ def test_ad_psgd_averaging_preserves_the_mean():
   chex.assert_trees_all_close(total(a.params, b.params), total(a2.params, b2.params),
                               rtol=1e-5, atol=1e-7)
   chex.assert_trees_all_equal(a2.params, b2.params)
+
+
+def test_batch_norm_statistics_are_averaged_and_kept_with_the_model():
+  engine = make_setup(CONFIG.replace(model="cnn_bn"), total_steps=4).engine
+  initial = jax.device_get(engine.init(jax.random.key(0)).workers.model_state)
+  state, _ = train(engine, 4)
+  stats = jax.device_get(state.workers.model_state)
+  moved = [not np.allclose(a, b) for a, b in zip(leaves(stats), leaves(initial))]
+  assert all(moved)  # each batch updates the running statistics
+  a, b = (jax.tree.map(lambda x: x[i], state.workers) for i in (0, 3))
+  a2, b2 = ad_psgd.average(a, b)
+  mean = jax.tree.map(lambda x, y: (x + y) / 2, a.model_state, b.model_state)
+  chex.assert_trees_all_close(a2.model_state, mean, rtol=1e-6)
+  chex.assert_trees_all_equal(a2.model_state, b2.model_state)

@@ -46,3 +46,15 @@ def test_zero_lambda_or_one_worker_is_asp(tmp_path):
   a = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "a1"), **one))
   d = jaxdl.run(RunConfig.make(algorithm="dc_asgd", out=str(tmp_path / "d1"), **one))
   assert a["params_fingerprint"] == d["params_fingerprint"]
+
+
+def test_every_dc_asgd_setting_reaches_the_update(tmp_path):
+  """dc_lambda, dc_adaptive and dc_beta each change the trained parameters
+  (with the adaptive lambda, beta sets the mean square's memory)."""
+  base = dict(RUN, algorithm="dc_asgd", dc_adaptive=True, dc_lambda=2.0, dc_beta=0.95)
+  runs = {name: jaxdl.run(RunConfig.make(out=str(tmp_path / name), **{**base, **change}))
+          for name, change in {"base": {}, "lambda": {"dc_lambda": 1.0},
+                               "fixed": {"dc_adaptive": False},
+                               "beta": {"dc_beta": 0.5}}.items()}
+  prints = {name: s["params_fingerprint"] for name, s in runs.items()}
+  assert len(set(prints.values())) == 4, prints
