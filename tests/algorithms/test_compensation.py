@@ -6,6 +6,7 @@ import optax
 import pytest
 
 from jaxdl.algorithms.compensation import delay_compensation, loss_compensation
+from jaxdl.algorithms.dc_asgd import DCSettings
 
 RNG = np.random.default_rng(0)
 G, W, B = (RNG.normal(size=(3, 4)).astype(np.float32) for _ in range(3))  # grads, w, w_bak
@@ -52,8 +53,10 @@ def test_adaptive_lambda_follows_its_formula():
 
 
 def test_compensation_needs_its_extra_arguments():
-  with pytest.raises(ValueError, match="w_bak"):
+  with pytest.raises(ValueError) as error:
     delay_compensation().update(G, delay_compensation().init(W), W)
+  assert str(error.value) == ("delay_compensation needs the current params and w_bak, the "
+                              "parameters the gradient was computed on")
   with pytest.raises(ValueError, match="delay_loss_slope"):
     loss_compensation(0.1).update(G, optax.EmptyState())
 
@@ -62,3 +65,17 @@ def test_loss_compensation_scales_by_the_rollout_slope():
   tx = optax.chain(loss_compensation(0.1), optax.sgd(1.0))
   updates, _ = tx.update(G, tx.init(W), W, delay_loss_slope=jnp.float32(3.0))
   np.testing.assert_allclose(updates, -(1 + 0.1 * 3.0) * G, rtol=1e-6)
+
+
+def test_the_transform_defaults_are_dc_asgds_and_constant_lambda_keeps_no_state():
+  # delay_compensation() alone is DC-ASGD's default: lambda 0.04, constant
+  settings = DCSettings()
+  assert (settings.dc_lambda, settings.dc_adaptive, settings.dc_beta) == (0.04, False, 0.95)
+  default, explicit = delay_compensation(), delay_compensation(0.04, False, 0.95)
+  np.testing.assert_array_equal(default.update(G, default.init(W), W, w_bak=B)[0],
+                                explicit.update(G, explicit.init(W), W, w_bak=B)[0])
+  assert default.init(W).mean_square is None  # no moving mean square without adaptive
+  # the adaptive default beta: a mean square of 0.05 g^2 after one step
+  adaptive = delay_compensation(adaptive=True)
+  _, state = adaptive.update(G, adaptive.init(W), W, w_bak=B)
+  np.testing.assert_allclose(state.mean_square, 0.05 * G * G, rtol=1e-6)

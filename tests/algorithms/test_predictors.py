@@ -33,3 +33,24 @@ def test_step_predictor_learns_delays_linear_in_compute_time():
     state = update(state, w, t_comm, t_comp, delay)
   assert np.mean(errors[-100:]) < 0.01, np.mean(errors[-100:])
   assert np.mean(errors[:4]) > 1.0  # it did have to learn
+
+
+def _step_predictions(unit: float) -> list[float]:
+  """Predictions of delays linear in compute time, with times in `unit` seconds."""
+  rng = np.random.default_rng(1)
+  predictor, m = StepPredictor(), 3
+  state, out = predictor.init(m), []
+  update, predict = jax.jit(predictor.update), jax.jit(predictor.predict)
+  for i in range(60):
+    w, t_comp = i % m, float(rng.uniform(0.5, 1.5))
+    t_comm, delay = 0.2 + 0.1 * (i % 2), 1.0 + 4.0 * t_comp
+    out.append(float(predict(state, w, t_comm * unit, t_comp * unit)))
+    state = update(state, w, t_comm * unit, t_comp * unit, delay)
+  return out
+
+
+def test_step_predictor_does_not_depend_on_the_unit_of_time():
+  # times in units of the first ones observed: milliseconds or kiloseconds, the same fit
+  base = _step_predictions(1.0)
+  for unit in (1e-3, 1e3):
+    np.testing.assert_allclose(_step_predictions(unit), base, rtol=2e-3, atol=2e-3)
