@@ -16,3 +16,22 @@ def test_zero_lambda_is_asp_and_the_predictors_learn(tmp_path):
   # the predictors' errors are in the summary; delays are learned
   assert 0 <= on["lc_delay_mae"] < 0.5 * on["lc_delay_actual_mean"], on
   assert 0 < on["lc_loss_mae"] < 1.0
+
+
+def test_the_loss_rollout_is_capped_at_twice_the_workers_unless_set():
+  from jaxdl.algorithms.lc_asgd import LCSettings, default_pieces
+  assert default_pieces(LCSettings(), 4).losses.max_delay == 8
+  assert default_pieces(LCSettings(lc_max_delay=3), 4).losses.max_delay == 3
+
+
+def test_workers_keep_their_batch_norm_statistics():
+  import jax
+  import numpy as np
+  from tests.helpers import leaves, make_setup, train
+  config = RunConfig.make(algorithm="lc_asgd", model="cnn_bn", workers=3, batch_size=8,
+                          schedule="constant", lr=0.05, momentum=0.0, jitter=0.3)
+  engine = make_setup(config, total_steps=3).engine
+  initial = leaves(engine.init(jax.random.key(0)).workers.model_state)
+  state, _ = train(engine, 3)
+  assert all(not np.allclose(a, b) for a, b in
+             zip(leaves(state.workers.model_state), initial))

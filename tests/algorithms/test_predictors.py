@@ -54,3 +54,18 @@ def test_step_predictor_does_not_depend_on_the_unit_of_time():
   base = _step_predictions(1.0)
   for unit in (1e-3, 1e3):
     np.testing.assert_allclose(_step_predictions(unit), base, rtol=2e-3, atol=2e-3)
+
+
+def test_one_step_predictor_update_by_hand_with_forgetting():
+  """Recursive least squares from P = 1000 I: the first observation's
+  features are (1, last delay 0, 1, 1) (times in units of themselves), so
+  P x = 1000 x, x.P x = 3000, gain = P x / (f + 3000), theta = gain * y and
+  P' = (P - gain (P x)^T) / f."""
+  f, y = 0.9, 5.0
+  state = StepPredictor(forget=f).update(StepPredictor().init(2), 1, 0.3, 2.0, y)
+  x = np.array([1.0, 0.0, 1.0, 1.0])
+  gain = 1000 * x / (f + 3000)
+  np.testing.assert_allclose(state.model.theta, gain * y, rtol=1e-5)
+  np.testing.assert_allclose(state.model.cov, (1000 * np.eye(4) - np.outer(gain, 1000 * x)) / f,
+                             rtol=1e-4, atol=1e-3)
+  assert float(state.last_delay[1]) == y and list(state.time_scale) == [0.3, 2.0]
