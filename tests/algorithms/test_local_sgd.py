@@ -42,3 +42,13 @@ def test_local_sgd_evaluates_the_mean_model_and_can_sync_batch_norm():
   # with synchronized statistics and period 1, the all-reduce's model
   ar_params, ar_stats = ar.evaluated(train(ar, 3)[0])
   chex.assert_trees_all_close((params, stats), (ar_params, ar_stats), rtol=1e-4, atol=1e-5)
+
+
+def test_local_sgd_communicates_once_every_period(tmp_path):
+  import jaxdl
+  run = dict(workers=4, model="mlp", steps=8, engine="sim", dry_run=True, progress=False,
+             compute_time=1e-3)
+  local = jaxdl.run(RunConfig.make(algorithm="local_sgd", communication_period=4,
+                                   out=str(tmp_path / "local"), **run))
+  ar = jaxdl.run(RunConfig.make(algorithm="ar_sgd", out=str(tmp_path / "ar"), **run))
+  assert local["bytes_total"] > 0 and 4 * local["bytes_total"] == ar["bytes_total"]

@@ -163,18 +163,29 @@ def test_lc_asgd_compensates_with_the_delay_and_loss_it_was_sent_with(tmp_path):
   settings = run.setup.config.settings()
   pieces = lc_asgd.default_pieces(settings, 3)
   steps, losses = pieces.steps.init(3), pieces.losses.init()
+  # The report's sums: |k - delay|, k, delay, updates, |loss error|, losses seen
+  sums, next_loss = np.zeros(6), 0.0
 
   def compensate(g, w, w_bak, loss, pull, apply):
-    nonlocal steps, losses
+    nonlocal steps, losses, sums, next_loss
     delay = jnp.float32(apply.version - 1 - pull.version)
     t_comm, t_comp = jnp.float32(pull.duration), jnp.float32(apply.duration)
     k = pieces.steps.predict(steps, apply.worker, t_comm, t_comp)
     steps = pieces.steps.update(steps, apply.worker, t_comm, t_comp, delay)
+    seen = float(losses.seen > 0)  # a prediction of this loss exists
+    sums += [abs(float(k) - float(delay)), float(k), float(delay), 1.0,
+             seen * abs(next_loss - float(loss)), seen]
     losses = pieces.losses.update(losses, jnp.float32(loss))
+    next_loss = float(pieces.losses.predict_next(losses, jnp.float32(loss)))
     _, slope = pieces.losses.compensation(losses, jnp.float32(loss), k)
     factor = np.float32(1 + settings.lc_lambda * slope)
     return jax.tree.map(lambda g: factor * g, g)
   close(run.state.server.params, server_loop(run, compensate), LC_CLOSE)
+  n = max(sums[3], 1)
+  expected = {"lc_delay_mae": sums[0] / n, "lc_delay_predicted_mean": sums[1] / n,
+              "lc_delay_actual_mean": sums[2] / n, "lc_loss_mae": sums[4] / max(sums[5], 1)}
+  assert run.setup.engine.report(run.state) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+  assert sums[3] > 10 and sums[5] == sums[3] - 1  # every report but the first was predicted
 
 
 # Local steps: elastic and gossip ------------------------------------------------
