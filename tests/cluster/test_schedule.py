@@ -442,3 +442,16 @@ def test_decentralized_by_hand():
   averages = [(e.worker, e.peer, e.iteration, e.time) for e in two if e.kind == "average"]
   assert averages == [(0, 1, 0, pytest.approx(3.2)), (1, 0, 0, pytest.approx(3.2)),
                       (0, 1, 1, pytest.approx(6.4)), (1, 0, 1, pytest.approx(6.4))]
+
+
+def test_a_reply_queued_behind_the_peers_own_message_is_charged_to_the_waiter():
+  """w0 (0.5 s a batch) sends to w1 at 0.5 (arrives 1.6); w1 (1 s) sent its own
+  model at 1.0, which holds its up-link until 2.1; the reply, ready to leave
+  at 1.6 + 0.1 latency, waits 0.4 s, charged to w0, who waits for it; it
+  arrives at 3.1, when w0 averages."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
+                   speeds=(2.0, 1.0))
+  events = decentralized(cost, 2)
+  assert [(e.worker, e.time) for e in events if e.kind == "average"][0] == (
+      0, pytest.approx(3.1))
+  assert events.queued_s == pytest.approx((0.4, 0.0))
