@@ -69,3 +69,20 @@ def test_one_step_predictor_update_by_hand_with_forgetting():
   np.testing.assert_allclose(state.model.cov, (1000 * np.eye(4) - np.outer(gain, 1000 * x)) / f,
                              rtol=1e-4, atol=1e-3)
   assert float(state.last_delay[1]) == y and list(state.time_scale) == [0.3, 2.0]
+
+
+def test_two_loss_predictor_updates_by_hand_with_forgetting():
+  """The first loss only becomes the latest; the second is learned from it:
+  x = (1, l1), P x = 1000 x, gain = P x / (f + x.P x), theta = gain * l2,
+  P' = (P - gain (P x)^T) / f."""
+  f, l1, l2 = 0.9, 2.0, 1.5
+  predictor = LossPredictor(forget=f)
+  state = predictor.update(predictor.init(), l1)
+  assert int(state.seen) == 1 and float(state.latest) == l1
+  np.testing.assert_array_equal(state.model.theta, np.zeros(2))  # nothing learned yet
+  state = predictor.update(state, l2)
+  x = np.array([1.0, l1])
+  gain = 1000 * x / (f + 1000 * x @ x)
+  np.testing.assert_allclose(state.model.theta, gain * l2, rtol=1e-5)
+  np.testing.assert_allclose(state.model.cov, (1000 * np.eye(2) - np.outer(gain, 1000 * x)) / f,
+                             rtol=1e-4, atol=1e-3)
