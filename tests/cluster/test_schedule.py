@@ -5,6 +5,7 @@ An asynchronous schedule's length is a budget of updates (or samples); a
 synchronous one's, its steps."""
 import collections
 
+import numpy as np
 import pytest
 
 from jaxdl.cluster import (Budget, CostModel, Schedule, centralized, decentralized,
@@ -405,6 +406,11 @@ def test_elastic_by_hand():
      "an integer >= 1 (local steps between exchanges)"),
     (lambda c, v: gossip(c, 4, probability=v), "gossip_probability", 1.5,
      "a probability in [0, 1]"),
+    (lambda c, v: synchronous(c, v), "iterations", -1, "an integer >= 0"),
+    (lambda c, v: synchronous(c, v), "iterations", 1.5, "an integer >= 0"),
+    (lambda c, v: synchronous(c, 2, v), "sync_mode", "ring", "one of ps, allreduce, local"),
+    (lambda c, v: synchronous(c, 2, "local", v), "communication_period", 0,
+     "an integer >= 1 (local steps between averagings)"),
 ])
 def test_a_schedule_refuses_an_argument_out_of_range(build, field, value, allowed):
   cost = CostModel(2, compute_s=1.0, model_bytes=1e6, bandwidth=1e9)
@@ -455,3 +461,18 @@ def test_a_reply_queued_behind_the_peers_own_message_is_charged_to_the_waiter():
   assert [(e.worker, e.time) for e in events if e.kind == "average"][0] == (
       0, pytest.approx(3.1))
   assert events.queued_s == pytest.approx((0.4, 0.0))
+
+
+def test_schedule_defaults_and_edges():
+  cost = CostModel(3, compute_s=1.0, model_bytes=1e6, bandwidth=1e9)
+  assert list(synchronous(cost, 0)) == []  # no iterations: an empty schedule
+  assert list(synchronous(cost, 3)) == list(synchronous(cost, 3, "allreduce", 1))
+
+
+def test_a_random_peer_is_uniform_over_the_others():
+  from jaxdl.cluster.schedule import _other
+  for m in (2, 3, 5):
+    for worker in range(m):
+      peers = [_other(u, worker, m) for u in np.arange(0, 1, 1 / (60 * (m - 1)))]
+      counts = collections.Counter(peers)
+      assert worker not in counts and set(counts.values()) == {60}, (m, worker, counts)
