@@ -109,7 +109,8 @@ def leaves(tree):
 
 
 OPTIMIZERS = {"momentum": dict(optimizer="sgd", lr=0.05, momentum=0.9),
-              "adam": dict(optimizer="adam", lr=1e-3)}
+              "adam": dict(optimizer="adam", lr=1e-3),
+              "adamw": dict(optimizer="adamw", lr=1e-3, weight_decay=0.1)}
 
 
 def assert_m_workers_equal_one(algorithm: str, sizes, optimizer: str, model: str = "mlp",
