@@ -393,10 +393,10 @@ def target_metric(grid: Grid) -> str:
   """The summary metric the grid's cells are compared on (jaxdl.task.Task)."""
   from jaxdl.config import TASK_PREFIX
   from jaxdl.data import CORPORA
-  from jaxdl.task import registered
+  from jaxdl.runner import resolve_task
   dataset = dict(grid.run).get("dataset", "digits")
   if dataset.startswith(TASK_PREFIX):
-    return registered(dataset[len(TASK_PREFIX):]).target_metric
+    return resolve_task(RunConfig.make(dataset=dataset), None)[1].target_metric
   return "test_nats_per_char" if dataset in CORPORA else "test_accuracy"
 
 

@@ -374,10 +374,10 @@ TASK_PREFIX = "task:"
 """--dataset and --model of a run of a script's own task: task:NAME."""
 
 
-def validate(config: RunConfig, task: Any = None) -> RunConfig:
+def validate(config: RunConfig) -> RunConfig:
   """Checks every field that can be checked without data; returns the config.
-  `task`: a script's own `jaxdl.Task`, which --dataset and --model then name
-  (``task:NAME``, jaxdl.task.with_task)."""
+  A script's or a registered task (--dataset task:NAME) is resolved by the
+  runner (jaxdl.runner.resolve_task), not here."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
   from jaxdl import cluster, data, models, optim
@@ -402,18 +402,11 @@ def validate(config: RunConfig, task: Any = None) -> RunConfig:
     raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
   if c["resume"] and c["overwrite"]:
     raise ConfigError("overwrite", True, "not together with --resume")
-  if task is None and c["dataset"].startswith(TASK_PREFIX):
-    from jaxdl.task import task_names
-    name = c["dataset"][len(TASK_PREFIX):]
-    if name not in task_names():
-      raise ConfigError("dataset", c["dataset"], "a name from `jaxdl list`: task:NAME is a "
-                        "script's own task, which only its script can run (jaxdl.run(config, "
-                        "task=...)), unless registered (jaxdl.task.TASKS)")
-    task = name  # checked by name here; built by the runner
-  if c["model"].startswith(TASK_PREFIX) and task is None:
+  task = c["dataset"].startswith(TASK_PREFIX)
+  if c["model"].startswith(TASK_PREFIX) and not task:
     raise ConfigError("model", c["model"], "a name from `jaxdl list` (task:NAME is set by "
                       "--dataset task:NAME)")
-  if task is None:
+  if not task:
     data.check_name(c["dataset"])
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])

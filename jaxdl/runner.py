@@ -14,16 +14,15 @@ import numpy as np
 from jaxdl import algorithms, distributed, rundir, trace
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
 from jaxdl.checkpoint import Checkpointer, abstract
-from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, batch_sizes, resolve,
-                          validate)
+from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, TASK_PREFIX, RunConfig, batch_sizes,
+                          resolve, validate)
 from jaxdl.data import Streams, TextDataset, load_dataset, make_streams
 from jaxdl.engines import ENGINES, Engine
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import MODELS, TEXT_MODELS, build_model, count_params
 from jaxdl.optim import make_optimizer, with_defaults
-from jaxdl.task import (Task, check_task, classification, language_model, of_config,
-                        with_task)
+from jaxdl.task import Task, classification, language_model, registered, task_names
 
 
 def default_out(config: RunConfig) -> Path:
@@ -66,13 +65,39 @@ def build_task(config: RunConfig) -> Task:
   return classification(model, dataset)
 
 
+TASK_FIELDS = ("dataset", "data_dir", "image_size", "model", "stem")
+"""Config fields that a script's task replaces: they stay unset with one."""
+
+
+def resolve_task(config: RunConfig, task: Task | None) -> tuple[RunConfig, Task | None]:
+  """(config, task): a script's own `task`, or the registered one that
+  --dataset task:NAME names, with --dataset and --model naming it; `task`
+  None for a dataset and model of the zoo. A ConfigError for an unknown
+  task:NAME, or a task with a field it replaces set."""
+  dataset = config.data.dataset
+  if task is None and dataset.startswith(TASK_PREFIX):
+    if dataset[len(TASK_PREFIX):] not in task_names():
+      raise ConfigError("dataset", dataset, "a name from `jaxdl list`: task:NAME is a "
+                        "script's own task, which only its script can run (jaxdl.run(config, "
+                        "task=...)), unless registered (jaxdl.task.TASKS)")
+    task = registered(dataset[len(TASK_PREFIX):])
+  if task is None:
+    return config, None
+  name = TASK_PREFIX + task.name
+  defaults, flat = RunConfig().flat(), config.flat()
+  for field in TASK_FIELDS:
+    if flat[field] not in (defaults[field], name):
+      raise ConfigError(field, flat[field], f"left unset: task {task.name!r} brings its own "
+                        "data and model")
+  return config.replace(dataset=name, model=name), task
+
+
 def setup(config: RunConfig, streams: Streams | None = None, task: Task | None = None) -> Setup:
   """Validates `config` and builds its task (`task`, or the config's dataset
   and model), data streams, algorithm and engine; writes nothing. `streams`
   replaces the task's data streams (tests)."""
-  validate(config, task)
-  task = of_config(config, task)
-  config = with_task(config, task)
+  config, task = resolve_task(config, task)
+  validate(config)
   spec, engine_name = resolve(config)
   task = task or build_task(config)
   streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
@@ -97,7 +122,7 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
   optimizer = make_optimizer(optim, total, streams.steps_per_epoch, per_step)
   problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
                     async_bn=config.algorithm.async_bn, seed=config.train.seed)
-  check_task(problem, streams)
+  problem.check_task(streams)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)
   engine = ENGINES.get(engine_name)(algorithm, problem, streams, config, total)
@@ -140,13 +165,13 @@ class Evaluator:
   def __call__(self, params, model_state) -> dict[str, float]:
     if not self._size:
       return {}
-    sums: dict[str, float] = {}
-    for batch in self._batches():
-      metrics = jax.device_get(self._fn(params, model_state, batch))
-      rows = len(next(iter(batch.values())))
-      for k, v in metrics.items():
-        sums[k] = sums.get(k, 0.0) + float(v) * rows
-    means = {k: v / self._size for k, v in sums.items()}
+    # Each batch's means weighed by its rows, summed where they are computed:
+    # one fetch at the end, not one per batch.
+    weighted = [jax.tree.map(lambda v, n=len(next(iter(batch.values()))): v * n,
+                             self._fn(params, model_state, batch))
+                for batch in self._batches()]
+    sums = jax.device_get(jax.tree.map(lambda *v: sum(v), *weighted))
+    means = {k: float(v) / self._size for k, v in sums.items()}
     if self._task.derived is not None:
       means.update(self._task.derived(means))
     return {f"test_{k}": v for k, v in means.items()}
@@ -168,10 +193,8 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   place of --dataset and --model, which then name it ``task:NAME``; a
   resume passes the same task again.
   """
-  config = (config or RunConfig()).replace(**overrides)
-  validate(config, task)
-  task = of_config(config, task)
-  config = with_task(config, task)
+  config, task = resolve_task((config or RunConfig()).replace(**overrides), task)
+  validate(config)
   distributed.initialize(config.distributed)
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():

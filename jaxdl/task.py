@@ -24,12 +24,11 @@ import numpy as np
 import optax
 
 from jaxdl.data.fields import Data, FunctionData, IterableData, to_data
-from jaxdl.errors import ConfigError, TaskError
+from jaxdl.errors import TaskError
 from jaxdl.registry import Registry
 
-__all__ = ["TASKS", "Data", "FunctionData", "IterableData", "Task", "check_task",
-           "classification", "from_linen", "from_nnx", "language_model", "registered",
-           "with_task"]
+__all__ = ["TASKS", "Data", "FunctionData", "IterableData", "Task", "classification",
+           "from_linen", "from_nnx", "language_model", "registered", "task_names"]
 
 Fields = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -203,27 +202,10 @@ def from_nnx(build: Callable[..., Any]) -> tuple[Callable, Callable]:
   ``init(key) -> (params, model_state)``: the module's ``nnx.Param``
   variables and the rest of its state, as pure dicts. ``apply(params,
   model_state, *args, **kwargs) -> (output, model_state)`` calls the module
-  on a copy rebuilt from them (at trace time only: the jitted computation is
-  the module's own) and returns the state it leaves.
+  on a copy rebuilt from them and returns the state it leaves.
   """
-  from flax import nnx  # local: only NNX tasks need it
-
-  abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
-  graphdef = nnx.split(abstract, nnx.Param, ...)[0]
-
-  def init(key):
-    _, params, rest = nnx.split(build(nnx.Rngs(key)), nnx.Param, ...)
-    return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-
-  def apply(params, model_state, *args, **kwargs):
-    _, params_state, rest = nnx.split(abstract, nnx.Param, ...)
-    nnx.replace_by_pure_dict(params_state, params)
-    nnx.replace_by_pure_dict(rest, model_state)
-    module = nnx.merge(graphdef, params_state, rest, copy=True)
-    out = module(*args, **kwargs)
-    return out, nnx.to_pure_dict(nnx.split(module, nnx.Param, ...)[2])
-
-  return init, apply
+  from jaxdl.models.base import nnx_functions
+  return nnx_functions(build)
 
 
 TASKS: Registry[Callable[[], Task]] = Registry("dataset")
@@ -241,78 +223,13 @@ def task_names() -> list[str]:
 
 
 def registered(name: str) -> Task:
-  """The registered task `name`, built (an installed package's is imported now)."""
+  """The registered task `name` (one of `task_names()`), built; an installed
+  package's is imported now."""
   if name not in TASKS:
     from importlib.metadata import entry_points
     for entry in entry_points(group=ENTRY_POINTS, name=name):
       TASKS.register(name)(entry.load())
-  from jaxdl.config import TASK_PREFIX
-  if name not in TASKS:
-    raise ConfigError("dataset", TASK_PREFIX + name, "a registered task: "
-                      + (", ".join(TASK_PREFIX + n for n in task_names()) or "none is"))
   task = TASKS.get(name)()
   if not isinstance(task, Task) or task.name != name:
     raise TaskError(name, "factory", f"a function that returns a Task named {name!r}")
   return task
-
-
-def of_config(config, task: Task | None) -> Task | None:
-  """`task`, or the registered task that the config's --dataset task:NAME names."""
-  from jaxdl.config import TASK_PREFIX
-  dataset = config.data.dataset
-  if task is None and dataset.startswith(TASK_PREFIX):
-    return registered(dataset[len(TASK_PREFIX):])
-  return task
-
-
-TASK_FIELDS = ("dataset", "data_dir", "image_size", "model", "stem")
-"""Config fields that a script's task replaces: they stay unset with one."""
-
-
-def with_task(config, task: Task | None):
-  """`config` naming `task` (--dataset and --model ``task:NAME``); a
-  ConfigError if it also sets a field that the task replaces."""
-  if task is None:
-    return config
-  from jaxdl.config import TASK_PREFIX, RunConfig
-  name = TASK_PREFIX + task.name
-  defaults, flat = RunConfig().flat(), config.flat()
-  for field in TASK_FIELDS:
-    if flat[field] not in (defaults[field], name):
-      raise ConfigError(field, flat[field], f"left unset: task {task.name!r} brings its own "
-                        "data and model")
-  return config.replace(dataset=name, model=name)
-
-
-def check_task(problem, streams) -> None:
-  """Traces the task's loss on a batch of its data (abstractly: nothing
-  runs) and raises a TaskError for a loss that reads a field the data do not
-  have, or does not return ``(scalar, (model_state, metrics))`` with scalar
-  metrics."""
-  from jaxdl.algorithms.base import Batch
-  from jaxdl.algorithms.collectives import WorkerAxis
-  task = problem.task
-  fields, weights, ids = streams.stacked_batches([(0, 0)])
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-                       Batch(fields, weights, ids))
-  params, model_state = jax.eval_shape(task.init, jax.random.key(0))
-  try:
-    out = jax.eval_shape(lambda p, s, b: problem.task_loss(p, s, b, WorkerAxis(1)), params,
-                         model_state, batch)
-  except KeyError as e:
-    have = sorted(fields) + (["weight"] if task.weighted else [])
-    raise TaskError(task.name, "loss", f"a loss that reads only the batch's fields "
-                    f"({', '.join(have)}); it read {e}") from None
-  ok = (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple)
-        and len(out[1]) == 2 and isinstance(out[1][1], Mapping))
-  if not ok:
-    raise TaskError(task.name, "loss", "a loss that returns (loss, (model_state, "
-                    f"metrics)); it returned {jax.tree.structure(out)}")
-  shape = lambda x: getattr(x, "shape", type(x).__name__)
-  if shape(out[0]) != ():
-    raise TaskError(task.name, "loss", "a loss that returns a scalar, the batch's mean; "
-                    f"it returned shape {shape(out[0])}")
-  for name, value in out[1][1].items():
-    if shape(value) != ():
-      raise TaskError(task.name, "loss", f"scalar metrics; metric {name!r} has shape "
-                      f"{shape(value)}")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import optax
 
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.models.layers import BatchStats
+from jaxdl.errors import TaskError
 from jaxdl.settings import Settings
 from jaxdl.task import Task
 
@@ -81,6 +82,37 @@ class Problem:
                                    psum=axis.psum if self.sync_bn else None,
                                    momentum=0.0 if self.async_bn else None)
     return self.task.loss(params, model_state, fields, self.batch_key(batch.ids), **kwargs)
+
+  def check_task(self, streams) -> None:
+    """Traces the task's loss on a batch of its data (abstractly: nothing
+    runs) and raises a TaskError for a loss that reads a field the data do
+    not have, or does not return ``(scalar, (model_state, metrics))`` with
+    scalar metrics."""
+    task = self.task
+    fields, weights, ids = streams.stacked_batches([(0, 0)])
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                         Batch(fields, weights, ids))
+    params, model_state = jax.eval_shape(task.init, jax.random.key(0))
+    try:
+      out = jax.eval_shape(lambda p, s, b: self.task_loss(p, s, b, WorkerAxis(1)), params,
+                           model_state, batch)
+    except KeyError as e:
+      have = sorted(fields) + (["weight"] if task.weighted else [])
+      raise TaskError(task.name, "loss", f"a loss that reads only the batch's fields "
+                      f"({', '.join(have)}); it read {e}") from None
+    ok = (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple)
+          and len(out[1]) == 2 and isinstance(out[1][1], Mapping))
+    if not ok:
+      raise TaskError(task.name, "loss", "a loss that returns (loss, (model_state, "
+                      f"metrics)); it returned {jax.tree.structure(out)}")
+    shape = lambda x: getattr(x, "shape", type(x).__name__)
+    if shape(out[0]) != ():
+      raise TaskError(task.name, "loss", "a loss that returns a scalar, the batch's mean; "
+                      f"it returned shape {shape(out[0])}")
+    for name, value in out[1][1].items():
+      if shape(value) != ():
+        raise TaskError(task.name, "loss", f"scalar metrics; metric {name!r} has shape "
+                        f"{shape(value)}")
 
   def _loss(self, params, model_state, batch: Batch, axis: WorkerAxis, share: bool):
     loss, (model_state, metrics) = self.task_loss(params, model_state, batch, axis)

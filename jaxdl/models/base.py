@@ -36,34 +36,49 @@ class Model:
   image_shape: tuple[int, int, int]
 
 
+def nnx_functions(build: Callable[[Any], Any]) -> tuple[Callable, Callable]:
+  """A Flax NNX module as ``(init, apply)``; ``build(rngs)`` makes the module.
+
+  ``init(key) -> (params, model_state)``: the module's ``nnx.Param``
+  variables and the rest of its state, as pure dicts. ``apply(params,
+  model_state, *args, **kwargs) -> (output, model_state)`` calls the module
+  on a copy rebuilt from them and returns the state it leaves. Splitting and
+  merging happen at trace time only, so the jitted computation is the
+  module's own.
+  """
+  from flax import nnx  # local: only models built from NNX need it
+
+  abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
+  graphdef = nnx.split(abstract, nnx.Param, ...)[0]
+
+  def init(key):
+    _, params, rest = nnx.split(build(nnx.Rngs(key)), nnx.Param, ...)
+    return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+
+  def apply(params, model_state, *args, **kwargs):
+    _, params_state, rest = nnx.split(abstract, nnx.Param, ...)
+    nnx.replace_by_pure_dict(params_state, params)
+    nnx.replace_by_pure_dict(rest, model_state)
+    module = nnx.merge(graphdef, params_state, rest, copy=True)
+    out = module(*args, **kwargs)
+    return out, nnx.to_pure_dict(nnx.split(module, nnx.Param, ...)[2])
+
+  return init, apply
+
+
 def from_nnx(name: str, build: Callable[[Any], Any], num_classes: int,
              image_shape: tuple[int, int, int]) -> Model:
   """Wraps a Flax NNX module factory ``build(rngs) -> module`` as a `Model`.
 
   The module must be called as ``module(images, train=bool, stats=...)``, with
-  ``stats`` a `BatchStats` or None, and hold only ``nnx.Param`` and
-  ``nnx.BatchStat`` variables. Splitting and merging happen at trace time
-  only, so the jitted computation is the module's own.
+  ``stats`` a `BatchStats` or None; its state besides ``nnx.Param`` is the
+  model state (batch-norm statistics), returned as given in evaluation.
   """
-  from flax import nnx  # local: only models built from NNX need it
-
-  abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
-  graphdef = nnx.split(abstract, nnx.Param, nnx.BatchStat)[0]
-
-  def init(key):
-    module = build(nnx.Rngs(params=key))
-    _, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
-    return nnx.to_pure_dict(params), nnx.to_pure_dict(stats)
+  init, call = nnx_functions(build)
 
   def apply(params, model_state, images, train, stats: BatchStats | None = None):
-    _, params_state, stats_state = nnx.split(abstract, nnx.Param, nnx.BatchStat)
-    nnx.replace_by_pure_dict(params_state, params)
-    nnx.replace_by_pure_dict(stats_state, model_state)
-    module = nnx.merge(graphdef, params_state, stats_state, copy=True)
-    logits = module(images, train=train, stats=stats)
-    if not train:
-      return logits, model_state
-    return logits, nnx.to_pure_dict(nnx.split(module, nnx.Param, nnx.BatchStat)[2])
+    logits, updated = call(params, model_state, images, train=train, stats=stats)
+    return logits, updated if train else model_state
 
   return Model(name=name, init=init, apply=apply, num_classes=num_classes,
                image_shape=tuple(image_shape))
