@@ -411,6 +411,10 @@ def test_elastic_by_hand():
     (lambda c, v: synchronous(c, 2, v), "sync_mode", "ring", "one of ps, allreduce, local"),
     (lambda c, v: synchronous(c, 2, "local", v), "communication_period", 0,
      "an integer >= 1 (local steps between averagings)"),
+    (lambda c, v: centralized(c, 4, staleness_bound=v), "staleness_bound", -1,
+     "an integer >= 0, or None for ASP"),
+    (lambda c, v: centralized(c, 4, staleness_bound=v), "staleness_bound", 2.0,
+     "an integer >= 0, or None for ASP"),
 ])
 def test_a_schedule_refuses_an_argument_out_of_range(build, field, value, allowed):
   cost = CostModel(2, compute_s=1.0, model_bytes=1e6, bandwidth=1e9)
@@ -476,3 +480,56 @@ def test_a_random_peer_is_uniform_over_the_others():
       peers = [_other(u, worker, m) for u in np.arange(0, 1, 1 / (60 * (m - 1)))]
       counts = collections.Counter(peers)
       assert worker not in counts and set(counts.values()) == {60}, (m, worker, counts)
+
+
+def test_ssp_by_hand():
+  """Four workers computing 1.5, 1, 1 and 3 s a batch, 0.5 s each way to the
+  server (latency only), SSP with bound 0. w1 and w2 apply at 2.0, w0 at 2.5,
+  and all three wait for w3, who applies at 4.0; the longest-waiting pull
+  first (w1, w2, then w0), then w3's. A pull records its 0.5 s transfer, an
+  apply its iteration's compute seconds, a wait how long the worker idled (version -1: none).
+  Worked out on paper."""
+  cost = CostModel(4, compute_s=3.0, model_bytes=0.0, latency=0.5, speeds=(2.0, 3.0, 3.0, 1.0))
+  events = centralized(cost, 6, staleness_bound=0)
+  got = [(e.time, e.kind, e.worker, e.iteration, e.version, e.duration) for e in events]
+  approx = pytest.approx
+  assert got == [
+      (0.0, "pull", 0, 0, 0, 0.5), (0.0, "pull", 1, 0, 0, 0.5), (0.0, "pull", 2, 0, 0, 0.5),
+      (0.0, "pull", 3, 0, 0, 0.5),
+      (2.0, "apply", 1, 0, 1, approx(1.0)), (2.0, "apply", 2, 0, 2, approx(1.0)),
+      (2.5, "apply", 0, 0, 3, approx(1.5)), (4.0, "apply", 3, 0, 4, approx(3.0)),
+      (4.0, "wait", 1, 1, -1, approx(2.0)), (4.0, "pull", 1, 1, 4, 0.5),
+      (4.0, "wait", 2, 1, -1, approx(2.0)), (4.0, "pull", 2, 1, 4, 0.5),
+      (4.0, "wait", 0, 1, -1, approx(1.5)), (4.0, "pull", 0, 1, 4, 0.5),
+      (4.0, "pull", 3, 1, 4, 0.5),
+      (6.0, "apply", 1, 1, 5, approx(1.0)), (6.0, "apply", 2, 1, 6, approx(1.0)),
+  ]
+
+
+def test_a_worker_released_at_the_instant_it_blocks_records_no_wait():
+  """Two equal workers under SSP 0: the first to apply blocks, and the other's
+  apply at the same instant releases it; it idled 0 s, so no "wait" event."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=0.0, latency=0.5)
+  events = centralized(cost, 20, staleness_bound=0)
+  assert [e.kind for e in events if e.kind == "wait"] == []
+  assert [e.time for e in events if e.kind == "apply"] == pytest.approx(
+      [2.0 * (i // 2 + 1) for i in range(20)])
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("allreduce", [(1.0, "wait", 1, 0, 0.5), (2.2, "step", -1, 0, 0.0),
+                   (3.2, "wait", 1, 1, 0.5), (4.4, "step", -1, 1, 0.0)]),
+    ("local", [(1.0, "step", -1, 0, 0.0), (2.0, "wait", 1, 1, 1.0),
+               (3.2, "step", -1, 1, 0.0)]),
+])
+def test_allreduce_and_local_sgd_by_hand(mode, expected):
+  """Two workers (1 and 0.5 s a batch), links of 1 model/s with 0.1 s latency:
+  a ring all-reduce of two takes 2(M-1)/M = 1 model's time plus 2(M-1) = 2
+  latencies, 1.2 s. The faster worker waits at each barrier for the slower;
+  local SGD (period 2) has a barrier every second step only."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
+                   speeds=(1.0, 2.0))
+  events = synchronous(cost, 2, mode, period=2)
+  got = [(e.time, e.kind, e.worker, e.iteration, e.duration) for e in events]
+  assert got == [tuple(pytest.approx(x) if isinstance(x, float) else x for x in row)
+                 for row in expected]
