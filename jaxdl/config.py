@@ -120,6 +120,8 @@ class DistributedConfig:
   """This process's index (or JAX_PROCESS_ID)."""
   coordinator_timeout: float = 60.0
   """Seconds a process waits for all the others to reach the coordinator; then a one-line error (exit code 2)."""
+  ray_address: str | None = None
+  """--engine ray: HOST:PORT of a running Ray cluster to join (`ray start --head`); unset: a local Ray instance on the loopback address."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,6 +457,9 @@ def resolve(config: RunConfig):
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
                           "(--engine sim), which a run on real devices does not have")
+  if config.distributed.ray_address is not None and engine != "ray":
+    raise ConfigError("ray_address", config.distributed.ray_address,
+                      f"left unset with --engine {engine} (it is where --engine ray runs)")
   if cfg.sync_bn and spec.shape is not Collective:
     raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
                       f"local_sgd): {spec.name}'s workers share no batch statistics")

@@ -12,10 +12,11 @@ from typing import Any
 from jaxdl.config import ENVIRONMENT
 from jaxdl.errors import ConfigError
 
-CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD, TRACE = (
-    "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb", "trace.jsonl")
+CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD, TRACE, CLUSTER = (
+    "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb", "trace.jsonl",
+    "cluster.json")
 RUN_FILES = (CONFIG, METRICS, SUMMARY, CHECKPOINTS, CHECKPOINTS + ".corrupt", TENSORBOARD,
-             TRACE)
+             TRACE, CLUSTER)
 
 
 def environment() -> dict[str, Any]:

@@ -43,7 +43,7 @@ class Setup:
   spec: AlgorithmSpec
   algorithm: Shape
   problem: Problem
-  engine: Engine
+  engine: Engine | None  # None from `prepare`: the parts a process of a real engine needs
   total_steps: int
   global_batch: int
 
@@ -96,9 +96,20 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
   """Validates `config` and builds its task (`task`, or the config's dataset
   and model), data streams, algorithm and engine; writes nothing. `streams`
   replaces the task's data streams (tests)."""
+  built = prepare(config, streams, task)
+  engine_name = resolve(built.config)[1]
+  built.engine = ENGINES.get(engine_name)(built.algorithm, built.problem, built.streams,
+                                          built.config, built.total_steps)
+  return built
+
+
+def prepare(config: RunConfig, streams: Streams | None = None,
+            task: Task | None = None) -> Setup:
+  """`setup` without the engine: what each process of a real engine builds
+  for itself from the config (and a script's task)."""
   config, task = resolve_task(config, task)
   validate(config)
-  spec, engine_name = resolve(config)
+  spec = resolve(config)[0]
   task = task or build_task(config)
   streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
                                     task.name)
@@ -125,8 +136,7 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
   problem.check_task(streams)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)
-  engine = ENGINES.get(engine_name)(algorithm, problem, streams, config, total)
-  return Setup(config, task, streams, spec, algorithm, problem, engine, total,
+  return Setup(config, task, streams, spec, algorithm, problem, None, total,
                sum(streams.batch_sizes))
 
 
@@ -200,26 +210,30 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   if distributed.is_main():
     rundir.check_output(out, config.output.resume, config.output.overwrite)
   built = setup(config, task=task)
-  resume = config.output.resume
-  resuming = resume and (out / rundir.CONFIG).exists()
-  if resuming:
-    _check_resumable(out, config)
-  source = out / rundir.CONFIG if resuming else config.output.config
-  warning = source and rundir.environment_warning(Path(source))
-  if warning and distributed.is_main():
-    print(warning, file=sys.stderr)
-  if distributed.is_main():  # the other processes only take part in checkpoints
-    if config.output.overwrite or (resume and not resuming):
-      if out.exists():
-        rundir.clear_run_files(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rundir.write_json(out / rundir.CONFIG,
-                      {**config.to_dict(), ENVIRONMENT: rundir.environment()})
-    if announce is not None:
-      announce(out)
-  if config.output.dry_run:
-    return _dry_run(built, out)
-  return _Training(built, out, resuming).run()
+  try:
+    resume = config.output.resume
+    resuming = resume and (out / rundir.CONFIG).exists()
+    if resuming:
+      _check_resumable(out, config)
+    source = out / rundir.CONFIG if resuming else config.output.config
+    warning = source and rundir.environment_warning(Path(source))
+    if warning and distributed.is_main():
+      print(warning, file=sys.stderr)
+    if distributed.is_main():  # the other processes only take part in checkpoints
+      if config.output.overwrite or (resume and not resuming):
+        if out.exists():
+          rundir.clear_run_files(out)
+      out.mkdir(parents=True, exist_ok=True)
+      rundir.write_json(out / rundir.CONFIG,
+                        {**config.to_dict(), ENVIRONMENT: rundir.environment()})
+      rundir.write_json(out / rundir.CLUSTER, {"processes": built.engine.processes()})
+      if announce is not None:
+        announce(out)
+    if config.output.dry_run:
+      return _dry_run(built, out)
+    return _Training(built, out, resuming).run()
+  finally:
+    built.engine.close()
 
 
 def _dry_run(setup: Setup, out: Path) -> dict[str, Any]:

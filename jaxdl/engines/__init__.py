@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from jaxdl.engines.base import Engine
 from jaxdl.engines.mesh import MeshEngine
+from jaxdl.engines.ray_engine import RayEngine
 from jaxdl.engines.sim import SimEngine
 from jaxdl.registry import Registry
 
@@ -17,6 +18,8 @@ ENGINES.register("mesh", "SPMD over the device mesh: shard_map over devices, vma
                  "over each device's workers")(MeshEngine)
 ENGINES.register("sim", "a deterministic simulated cluster: the real math in the order "
                  "of a schedule from a cost model")(SimEngine)
+ENGINES.register("ray", "real processes: a Ray server actor and a worker actor per "
+                 "worker, on this machine or a cluster (--ray-address)")(RayEngine)
 
 
 def engines_for(shape: type) -> list[str]:
@@ -24,4 +27,4 @@ def engines_for(shape: type) -> list[str]:
   return [name for name in ENGINES if shape in ENGINES.get(name).shapes]
 
 
-__all__ = ["ENGINES", "Engine", "MeshEngine", "SimEngine", "engines_for"]
+__all__ = ["ENGINES", "Engine", "MeshEngine", "RayEngine", "SimEngine", "engines_for"]

@@ -7,6 +7,8 @@ algorithm shapes it runs (`shapes`) and is registered once in
 """
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import jax
@@ -61,6 +63,23 @@ class Engine(Protocol):
 
   def jitted_functions(self) -> list:
     """The engine's jitted functions (for compile-count checks)."""
+
+  def processes(self) -> list[dict[str, Any]]:
+    """Every process of the run: its role, process id and host (cluster.json)."""
+
+  def close(self) -> None:
+    """Stops what the engine started (processes, a Ray instance); the runner
+    calls it once the run ends, however it ends."""
+
+
+class LocalProcess:
+  """The processes of an engine that runs in the driver's process alone."""
+
+  def processes(self) -> list[dict[str, Any]]:
+    return [{"role": "driver", "pid": os.getpid(), "host": socket.gethostname()}]
+
+  def close(self) -> None:
+    pass
 
 
 def compile_init(init, *args, out_shardings=None):

@@ -36,7 +36,7 @@ class MeshState(NamedTuple):
   workers: Any     # every worker's algorithm state, in rows (see MeshEngine)
 
 
-class MeshEngine:
+class MeshEngine(base.LocalProcess):
   """Runs a collective algorithm's step for all workers as one SPMD program."""
   name = "mesh"
   shapes = (Collective,)

@@ -15,6 +15,8 @@ own functions) and `runner` (how the ops run).
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -27,6 +29,7 @@ from jaxdl.algorithms import (SHAPES, Centralized, Collective, Decentralized, El
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
+from jaxdl.engines.events import EventReplay, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import handlers
@@ -120,7 +123,21 @@ def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Eve
   return events
 
 
-class SimEngine:
+REAL_ENGINES = ("ray",)
+"""Engines whose traces are a real run's: they replay with "events" batching."""
+
+
+def recorded_engine(path: str) -> str | None:
+  """The engine that wrote a trace.jsonl, from the config.json beside it (None:
+  no readable config there)."""
+  try:
+    with open(Path(path).parent / "config.json") as f:
+      return json.load(f)["algorithm"]["engine"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+class SimEngine(base.LocalProcess):
   """Runs any algorithm along a simulated schedule; a step is a global batch of
   samples (jaxdl.trace)."""
   name = "sim"
@@ -128,7 +145,9 @@ class SimEngine:
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int, batching: str = "auto"):
-    """`batching`: "vmap", "loop", "scan" or "auto" (runner.choose_batching)."""
+    """`batching`: "vmap", "loop", "scan", "events" or "auto" (runner.choose_batching;
+    "events" when replaying the trace of a real engine's run, whose processes
+    ran `jaxdl.engines.events.EventPrograms`)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
     if config.output.replay:
@@ -153,8 +172,15 @@ class SimEngine:
     if config.output.dry_run:  # a schedule's timing alone: no math to prepare
       self.batching, self.runner = None, None
       return
-    if batching not in ("auto", "vmap", "loop", "scan"):
-      raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan")
+    if batching not in ("auto", "vmap", "loop", "scan", "events"):
+      raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan, events")
+    if batching == "auto" and config.output.replay and (
+        recorded_engine(config.output.replay) in REAL_ENGINES):
+      batching = "events"
+    self.metric_names = metric_names(problem, streams.example)
+    if batching == "events":
+      self.batching, self.runner = batching, EventReplay(algorithm, streams)
+      return
     if batching == "auto":
       batching = choose_batching(problem, streams.example, max(streams.batch_sizes))
     self.batching = batching
@@ -162,21 +188,20 @@ class SimEngine:
                                              self.num_workers, batching == "loop", self.slots)
     batches = DeviceBatches(streams, batch_ops)
     self.runner = OpRunner(handlers(algorithm, streams.weights()), batching, longest, batches,
-                           metric_names(problem, streams.example))
+                           self.metric_names)
 
   def init(self, key: jax.Array) -> SimState:
     m, algorithm = self.num_workers, self.algorithm
 
-    def init_all(key):
-      workers = base.init_workers(algorithm.init, key, m)
-      if has_server(algorithm):
-        return algorithm.init_server(key), workers
-      if isinstance(algorithm, Gossip):  # the buffer of messages in flight
+    if isinstance(algorithm, Gossip):  # the server's place: the messages in flight
+      def init_all(key):
+        workers = base.init_workers(algorithm.init, key, m)
         message = algorithm.send(jax.tree.map(lambda x: x[0], workers))[1]
         return jax.tree.map(lambda x: jnp.zeros((self.in_flight, *x.shape), x.dtype),
                             message), workers
-      return (), workers
-    server, workers = base.compile_init(init_all, key)(key)
+      server, workers = base.compile_init(init_all, key)(key)
+    else:
+      server, workers = initial_state(algorithm, key, m)
     return SimState(server, workers, np.full(m, -1, np.int32), np.zeros(m, bool),
                     np.zeros((), np.int64))
 
@@ -185,6 +210,12 @@ class SimEngine:
     # host-side bookkeeping, as numpy copies (a restored checkpoint may hold device arrays)
     iteration, computed = np.array(state.iteration), np.array(state.computed)
     end = self.step_ends[step]
+    if self.batching == "events":
+      server, workers, (sums, count) = self.runner(
+          state.server, state.workers, self.events[int(state.position):end + 1],
+          self.metric_names)
+      return (SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)),
+              {k: v / count for k, v in sums.items()})
     ops = planning.plan(self.events, int(state.position), end, iteration, computed,
                         self.batching == "loop", self.slots)
     server, workers, (sums, count) = self.runner(state.server, state.workers, ops)
@@ -211,6 +242,8 @@ class SimEngine:
     return base.algorithm_report(self.algorithm, state.server)
 
   def jitted_functions(self) -> list:
+    if self.batching == "events":
+      return self.runner.programs.jitted()
     return list(self.runner.jitted.values())
 
   def trace(self) -> list[trace.Event]:

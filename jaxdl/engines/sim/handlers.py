@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxdl.algorithms import (Batch, Centralized, Collective, Decentralized, Elastic, Gossip,
-                              Shape, WorkerAxis)
+from jaxdl.algorithms import Batch, Collective, Shape, WorkerAxis
+from jaxdl.engines.events import event_functions
 
 
 def _take(tree, m):
@@ -38,25 +38,6 @@ def _put(tree, m, value, taken=None):
   return treedef.unflatten([
       x if taken is not None and v is taken[i] else lax.dynamic_update_index_in_dim(x, v, m, 0)
       for i, (x, v) in enumerate(zip(leaves, values))])
-
-
-def _event_functions(algorithm: Shape) -> dict[str, Callable]:
-  """The shape's functions under the engine's op names, in one signature each:
-  pull/apply (server, worker, seconds), compute/local (worker, batch),
-  exchange (server, worker), pair (worker, peer), send (worker) -> (worker,
-  message), receive (worker, message)."""
-  if isinstance(algorithm, Centralized):
-    return {"pull": algorithm.pull, "compute": algorithm.compute, "apply": algorithm.apply}
-  if isinstance(algorithm, Decentralized):
-    return {"pull": lambda server, worker, seconds: algorithm.pull(worker),
-            "compute": algorithm.compute,
-            "apply": lambda server, worker, seconds: (server, algorithm.apply(worker)),
-            "pair": algorithm.average}
-  if isinstance(algorithm, Elastic):
-    return {"local": algorithm.local, "exchange": algorithm.exchange}
-  if isinstance(algorithm, Gossip):
-    return {"local": algorithm.local, "send": algorithm.send, "receive": algorithm.receive}
-  raise TypeError(f"not an event shape: {type(algorithm).__name__}")
 
 
 def _rows(data, index):
@@ -83,7 +64,7 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     out["step"] = step_fn
     return out
 
-  fns = _event_functions(algorithm)
+  fns = event_functions(algorithm)
 
   def batched(fn):
     fn = jax.vmap(fn)

@@ -1,0 +1,122 @@
+"""One worker's events as jitted programs: what a real engine's processes run.
+
+A real engine (ray) runs an algorithm's event functions where they happen:
+a worker computes its gradient in its own process, the server applies each
+push in its own. `EventPrograms` jits each of the shape's functions for one
+worker's state, so every process runs the same compiled programs. The sim
+engine's "events" batching runs those same programs along a recorded trace,
+event by event: that is how a real run replays bit for bit (the sim's other
+batchings, vmapped over workers or fused with bookkeeping, round
+differently).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip, Shape)
+from jaxdl.algorithms.shapes import has_server
+from jaxdl.data import Streams
+from jaxdl.engines import base
+
+
+def event_functions(algorithm: Shape) -> dict[str, Callable]:
+  """The shape's functions under the engines' op names, in one signature each:
+  pull/apply (server, worker, seconds), compute/local (worker, batch),
+  exchange (server, worker), pair (worker, peer), send (worker) -> (worker,
+  message), receive (worker, message)."""
+  if isinstance(algorithm, Centralized):
+    return {"pull": algorithm.pull, "compute": algorithm.compute, "apply": algorithm.apply}
+  if isinstance(algorithm, Decentralized):
+    return {"pull": lambda server, worker, seconds: algorithm.pull(worker),
+            "compute": algorithm.compute,
+            "apply": lambda server, worker, seconds: (server, algorithm.apply(worker)),
+            "pair": algorithm.average}
+  if isinstance(algorithm, Elastic):
+    return {"local": algorithm.local, "exchange": algorithm.exchange}
+  if isinstance(algorithm, Gossip):
+    return {"local": algorithm.local, "send": algorithm.send, "receive": algorithm.receive}
+  raise TypeError(f"not an event shape: {type(algorithm).__name__}")
+
+
+def one_batch(streams: Streams, worker: int, iteration: int) -> Batch:
+  """`worker`'s batch of its iteration `iteration`, padded to the largest
+  batch size as the sim engine pads it, with its weights and ids."""
+  fields, weights, ids = streams.stacked_batches([(worker, iteration)])
+  return Batch({k: v[0] for k, v in fields.items()}, weights[0], ids[0])
+
+
+def initial_state(algorithm: Shape, key: jax.Array, num_workers: int):
+  """(server state, workers stacked over workers) at step 0, compiled as the
+  sim engine compiles it (the same bits)."""
+  def init_all(key):
+    workers = base.init_workers(algorithm.init, key, num_workers)
+    return (algorithm.init_server(key) if has_server(algorithm) else ()), workers
+  return base.compile_init(init_all, key)(key)
+
+
+def take(stacked, worker: int):
+  """Worker `worker`'s state out of states stacked over workers (a copy)."""
+  return jax.tree.map(lambda x: x[worker], stacked)
+
+
+def stack(states: Sequence):
+  return jax.tree.map(lambda *x: jnp.stack(x), *states)
+
+
+class EventPrograms:
+  """The shape's event functions, each jitted for one worker's state, and a
+  worker's metric shares turned into its batch's means."""
+
+  def __init__(self, algorithm: Shape, streams: Streams):
+    self.algorithm, self.streams = algorithm, streams
+    self.shares = streams.weights().sum(axis=1)  # b_m / B per worker
+    self.fns = {name: jax.jit(fn) for name, fn in event_functions(algorithm).items()}
+
+  def __getattr__(self, name: str) -> Callable:
+    try:
+      return self.__dict__["fns"][name]
+    except KeyError:
+      raise AttributeError(name) from None
+
+  def means(self, worker: int, shares: dict[str, Any]) -> dict[str, float]:
+    """A worker's metric shares as its own batch's means (host floats)."""
+    return {k: float(np.float32(v) / self.shares[worker]) for k, v in shares.items()}
+
+  def jitted(self) -> list:
+    return list(self.fns.values())
+
+
+class EventReplay:
+  """Runs a trace's events one at a time with `EventPrograms` (the sim
+  engine's "events" batching): the math a real engine's processes ran, in
+  the order they ran it. A centralized gradient is computed on the worker's
+  pulled state when its push is applied (it depends on nothing else)."""
+
+  def __init__(self, algorithm: Shape, streams: Streams):
+    if not isinstance(algorithm, Centralized):
+      raise TypeError(f"no event replay for {type(algorithm).__name__} yet")
+    self.programs = EventPrograms(algorithm, streams)
+    self.streams = streams
+
+  def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str]):
+    """(server, workers, (metric sums, count)) after `events`."""
+    sums, count = {k: 0.0 for k in metric_names}, 0
+    p = self.programs
+    for e in events:
+      if e.kind == "pull":
+        worker = p.pull(server, take(workers, e.worker), np.float32(e.duration))
+      elif e.kind == "apply":
+        worker, shares = p.compute(take(workers, e.worker),
+                                   one_batch(self.streams, e.worker, e.iteration))
+        server, worker = p.apply(server, worker, np.float32(e.duration))
+        for k, v in p.means(e.worker, shares).items():
+          sums[k] += v
+        count += 1
+      else:  # "wait": no math
+        continue
+      workers = jax.tree.map(lambda x, v: x.at[e.worker].set(v), workers, worker)
+    return server, workers, ({k: np.float32(v) for k, v in sums.items()}, np.float32(count))

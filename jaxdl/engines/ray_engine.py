@@ -1,0 +1,168 @@
+"""The ray engine: an asynchronous algorithm on real processes.
+
+A server actor and M worker actors, each its own OS process
+(`jaxdl.engines.ray_actors`), run the algorithm's own event functions. The
+driver (this process) only starts them, waits for each step's end and
+fetches the state there for evaluation and checkpoints; workers never wait
+for it. A local Ray instance listens on the loopback address only and starts
+no dashboard; `--ray-address HOST:PORT` joins a running cluster instead,
+with Ray's token authentication as that cluster has it (RAY_AUTH_TOKEN).
+
+The trace holds the events in the order the server really ran them, with
+wall times; `--engine sim --replay RUN/trace.jsonl` runs the same programs
+in that order and reproduces the run's parameters bit for bit.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdl import trace
+from jaxdl.algorithms import Centralized, Problem, Shape
+from jaxdl.data import Streams
+from jaxdl.engines import base
+from jaxdl.engines.events import take
+from jaxdl.engines.ray_actors import Server, Worker, identity
+from jaxdl.errors import ConfigError
+
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch that makes a local instance bind to 127.0.0.1 only (its
+node address is then the loopback address), on Linux too."""
+
+
+def connect(address: str | None) -> bool:
+  """Connects this process to Ray: the cluster at `address`, or a new local
+  instance on the loopback address. True if this call started Ray (the
+  engine then shuts it down)."""
+  if address is not None:
+    _check_reachable(address)
+  loopback = address is None or address.rpartition(":")[0] in ("localhost", "127.0.0.1")
+  if loopback:  # Ray would otherwise resolve the loopback address to the host's
+    os.environ.setdefault(LOOPBACK_ONLY, "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
+  import ray
+  if ray.is_initialized():
+    return False
+  if loopback:
+    from ray._private import ray_constants  # read when ray is imported: set it again
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ[LOOPBACK_ONLY] not in ("0", "false")
+  try:
+    ray.init(address=address, include_dashboard=False, configure_logging=False,
+             log_to_driver=True, num_cpus=None if address else os.cpu_count())
+  except (ConnectionError, RuntimeError, ValueError) as e:
+    raise ConfigError("ray_address", address, "the address HOST:PORT of a running Ray "
+                      f"cluster (`ray start --head`), or unset for a local one ({e})") from None
+  return True
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+  """A ConfigError unless something listens at HOST:PORT (Ray itself would
+  retry for minutes)."""
+  allowed = "the address HOST:PORT of a running Ray cluster (`ray start --head`)"
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ConfigError("ray_address", address, allowed)
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout).close()
+  except OSError as e:
+    raise ConfigError("ray_address", address, f"{allowed}; nothing answers there ({e})") from None
+
+
+class RayEngine(base.LocalProcess):
+  """Runs a centralized algorithm on a Ray server actor and M worker actors."""
+  name = "ray"
+  shapes = (Centralized,)
+
+  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+               config, total_steps: int):
+    import ray
+    self.algorithm, self.problem, self.streams = algorithm, problem, streams
+    self.num_workers, self.total = streams.num_workers, total_steps
+    self.config = config
+    # A script's own task travels to the actors once; a zoo task is rebuilt there.
+    self.task = problem.task if config.data.dataset.startswith("task:") else None
+    self.started = connect(config.distributed.ray_address)
+    self._ray = ray
+    remote = lambda cls: ray.remote(num_cpus=0, max_restarts=0)(cls)
+    self.server = remote(Server).options(max_concurrency=max(64, 4 * self.num_workers)
+                                         ).remote(config, self.task)
+    self.workers = [remote(Worker).remote(config, self.task, w, self.server)
+                    for w in range(self.num_workers)]
+    self.runs: list = []
+    self.events: list[trace.Event] = []
+    self.bytes_total, self.batch_seconds = 0, [[] for _ in range(self.num_workers)]
+
+  def init(self, key: jax.Array):
+    """The state at step 0; every actor has compiled its programs when it returns."""
+    state = self._get(self.server.initialize.remote(np.asarray(jax.random.key_data(key))))
+    warm = [self.server.warm_up.remote()] + [
+        worker.warm_up.remote(take(state[1], w)) for w, worker in enumerate(self.workers)]
+    for ref in warm:
+      self._get(ref)
+    return state
+
+  def _get(self, ref):
+    """ray.get of `ref`, with an actor's failure as the error it raised."""
+    ray = self._ray
+    pending = [ref] + self.runs
+    while True:
+      ready, _ = ray.wait(pending, num_returns=1)
+      if ready[0] is ref:
+        return ray.get(ref)
+      ray.get(ready[0])  # a worker's error, raised here
+      pending.remove(ready[0])
+
+  def step(self, state, step: int):
+    if not self.runs:  # start the workers at the first step (after a restore, from it)
+      self._get(self.server.begin.remote(state, step))
+      self.runs = [w.run.remote() for w in self.workers]
+    state, means = self._get(self.server.step.remote(step))
+    return state, {k: np.float32(v) for k, v in means.items()}
+
+  def _fetch_trace(self) -> None:
+    if self.server is not None:
+      self.events, self.bytes_total, self.batch_seconds = self._get(
+          self.server.trace.remote())
+
+  def trace(self) -> list[trace.Event]:
+    self._fetch_trace()
+    return self.events
+
+  def figures(self) -> dict[str, Any]:
+    self._fetch_trace()
+    stats = trace.summarize(self.events, self.num_workers, self.bytes_total)
+    return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
+                           devices=1, workers_per_device=self.num_workers,
+                           processes=self.num_workers + 1),
+            **{k: stats[k] for k in ("staleness_mean", "staleness_max", "staleness_histogram",
+                                     "wait_s", "bytes_total", "batches_per_worker")},
+            "batch_seconds_per_worker": [float(np.mean(s)) if s else None
+                                         for s in self.batch_seconds]}
+
+  def report(self, state) -> dict[str, float]:
+    return base.algorithm_report(self.algorithm, state[0])
+
+  def evaluated(self, state):
+    server, workers, _ = state
+    return jax.device_get(self.algorithm.evaluated(server, workers))
+
+  def jitted_functions(self) -> list:
+    return []
+
+  def processes(self) -> list[dict[str, Any]]:
+    return [identity("driver")] + self._ray.get(
+        [a.identity.remote() for a in [self.server, *self.workers]])
+
+  def close(self) -> None:
+    """Stops every actor (and a local Ray instance this engine started)."""
+    ray = self._ray
+    for actor in [self.server, *(self.workers or [])]:
+      if actor is not None:
+        ray.kill(actor)
+    self.server, self.workers, self.runs = None, None, []
+    if self.started and ray.is_initialized():
+      ray.shutdown()

@@ -1,0 +1,194 @@
+"""The ray engine: a parameter server and its workers as real processes.
+
+One local Ray instance serves the module (in a short temporary directory,
+authentication off: a test's own instance only); a real run's trace replays
+on the sim engine to the same parameters, bit for bit."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+import jaxdl
+from jaxdl import trace
+from jaxdl.config import RunConfig, validate
+from jaxdl.engines import ray_engine
+from jaxdl.errors import ConfigError
+
+RUN = dict(dataset="digits", model="mlp", steps=12, batch_size=16, progress=False,
+           eval_every=6)
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+  ray = pytest.importorskip("ray")
+  temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Unix socket paths stay short
+  env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  ray_engine.connect(None)
+  yield ray
+  ray.shutdown()
+  for k, v in saved.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
+def _replayed(tmp_path):
+  """The sim engine's run along a ray run's trace, with the ray run's config."""
+  config = RunConfig.load(str(tmp_path / "ray" / "config.json")).replace(
+      engine="sim", out=str(tmp_path / "sim"), replay=str(tmp_path / "ray" / "trace.jsonl"))
+  return jaxdl.run(config)
+
+
+@pytest.mark.parametrize("name,settings", [
+    ("asp", {}), ("ssp", {"staleness_bound": 1}),
+    pytest.param("dc_asgd", {}, marks=pytest.mark.slow),
+    pytest.param("lc_asgd", {}, marks=pytest.mark.slow)])
+def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, settings):
+  m = 3
+  ray_run = jaxdl.run(RunConfig.make(algorithm=name, engine="ray", workers=m,
+                                     out=str(tmp_path / "ray"), **settings, **RUN))
+  assert ray_run["status"] == "completed" and ray_run["engine"] == "ray"
+  events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
+  applies = [e for e in events if e.kind == "apply"]
+  # the budget: 12 steps of 3 x 16 samples, every worker working until it is spent
+  assert len(applies) == 12 * m and {e.worker for e in applies} == set(range(m))
+  assert [e.version for e in applies] == list(range(1, 12 * m + 1))
+  assert all(a.time <= b.time for a, b in zip(events, events[1:]))
+  assert sum(ray_run["batches_per_worker"]) == 12 * m
+  processes = json.loads((tmp_path / "ray" / "cluster.json").read_text())["processes"]
+  assert [p["role"] for p in processes] == ["driver", "server"] + [
+      f"worker {w}" for w in range(m)]
+  assert len({p["pid"] for p in processes}) == m + 2 and processes[0]["pid"] == os.getpid()
+  assert ray_run["test_accuracy"] > 0.5
+  replayed = _replayed(tmp_path)
+  assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
+  assert replayed["model_state_fingerprint"] == ray_run["model_state_fingerprint"]
+  assert replayed["test_accuracy"] == ray_run["test_accuracy"]
+
+
+@pytest.mark.parametrize("bound", [0, 2])
+def test_the_server_enforces_ssp_bound_between_real_processes(ray_instance, tmp_path, bound):
+  m = 3
+  jaxdl.run(RunConfig.make(algorithm="ssp", engine="ray", workers=m, staleness_bound=bound,
+                           out=str(tmp_path / "ray"), **RUN))
+  clocks = [0] * m
+  for e in trace.read_trace(tmp_path / "ray" / "trace.jsonl"):
+    if e.kind == "pull":
+      assert e.iteration == clocks[e.worker] and min(clocks) >= e.iteration - bound
+    elif e.kind == "apply":
+      clocks[e.worker] += 1
+    assert max(clocks) - min(clocks) <= bound + 1
+
+
+def test_no_actor_outlives_its_run(ray_instance, tmp_path):
+  before = {p.pid for p in psutil.process_iter()}
+  jaxdl.run(RunConfig.make(algorithm="asp", engine="ray", workers=2, out=str(tmp_path / "r"),
+                           **RUN))
+  processes = json.loads((tmp_path / "r" / "cluster.json").read_text())["processes"]
+  actors = {p["pid"] for p in processes[1:]}
+  assert actors.isdisjoint(before)
+  psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=10)
+  assert not any(psutil.pid_exists(p) for p in actors)
+
+
+LOCAL = """
+import os, sys, psutil
+from jaxdl.engines.ray_engine import connect
+import ray
+assert connect(None)
+me = psutil.Process()
+processes = [me, *me.children(recursive=True)]
+listening = {c.laddr.ip for p in processes
+             for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+# Ray's API server runs in any case; the dashboard is its web frontend
+dashboard = [p.pid for p in processes[1:] if "dashboard/dashboard.py" in " ".join(p.cmdline())
+             and "--disable-frontend" not in p.cmdline()]
+ray.shutdown()
+print(sorted(listening), dashboard)
+"""
+
+
+def test_a_local_instance_listens_on_the_loopback_address_only(tmp_path):
+  temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
+  out = subprocess.run([sys.executable, "-c", LOCAL], env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  listening, dashboard = out.stdout.strip().splitlines()[-1].split("] ")
+  listening = eval(listening + "]")
+  assert listening and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening)
+  assert dashboard == "[]"  # no web frontend
+
+
+def test_ray_refuses_what_it_cannot_run():
+  with pytest.raises(ConfigError, match=r"--engine='ray' is not valid: one of auto, "):
+    validate(RunConfig.make(algorithm="easgd", engine="ray", workers=2))
+  with pytest.raises(ConfigError, match="--ray-address='localhost:1' is not valid: left unset "
+                     "with --engine sim"):
+    validate(RunConfig.make(algorithm="asp", engine="sim", workers=2,
+                                         ray_address="localhost:1"))
+  # Ray itself would retry an address where nothing listens for minutes
+  for address, why in (("nowhere", ""), ("127.0.0.1:1", "; nothing answers there")):
+    with pytest.raises(ConfigError, match=f"--ray-address='{address}' is not valid: the "
+                       r"address HOST:PORT of a running Ray cluster \(`ray start --head`\)"
+                       + why):
+      ray_engine.connect(address)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _processes_of(temp: str) -> list:
+  return [p for p in psutil.process_iter(["cmdline"]) if temp in " ".join(p.info["cmdline"] or [])]
+
+
+def _stop(temp: str) -> None:
+  """Stops the Ray processes of the head started in `temp` (`ray stop` would
+  stop every Ray instance on the machine, other tests' included)."""
+  heads = _processes_of(temp)
+  tree = heads + [c for p in heads for c in p.children(recursive=True)]
+  for p in tree:
+    p.kill()
+  psutil.wait_procs(tree, timeout=10)
+
+
+@pytest.mark.slow
+def test_a_run_joins_a_cluster_started_with_ray_start(tmp_path):
+  """`ray start --head` on the loopback address, as on a cluster's first
+  machine; `jaxdl run --ray-address` runs its actors there."""
+  temp, port = tempfile.mkdtemp(prefix="ray", dir="/tmp"), _free_port()
+  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp,
+         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+  ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+  subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                  "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+                 env=env, check=True, capture_output=True, timeout=120)
+  try:
+    out = tmp_path / "run"
+    run = subprocess.run(
+        [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
+         "--workers", "2", "--model", "mlp", "--steps", "6", "--batch-size", "16",
+         "--no-progress", "--out", str(out), "--ray-address", f"127.0.0.1:{port}"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["engine"] == "ray"
+    processes = json.loads((out / "cluster.json").read_text())["processes"]
+    assert len(processes) == 4 and len({p["pid"] for p in processes}) == 4
+    actors = [p["pid"] for p in processes[1:]]
+    psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=10)
+    assert not any(psutil.pid_exists(p) for p in actors)  # the cluster stays, the actors go
+  finally:
+    _stop(temp)
+  assert not _processes_of(temp)
