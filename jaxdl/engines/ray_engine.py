@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from typing import Any
 
 import jax
@@ -51,8 +52,12 @@ def connect(address: str | None) -> bool:
     from ray._private import ray_constants  # read when ray is imported: set it again
     ray_constants.ENABLE_RAY_CLUSTER = os.environ[LOOPBACK_ONLY] not in ("0", "false")
   try:
-    ray.init(address=address, include_dashboard=False, configure_logging=False,
-             log_to_driver=True, num_cpus=None if address else os.cpu_count())
+    with warnings.catch_warnings():
+      # Ray starts its processes with subprocess (fork, then exec at once):
+      # JAX's warning about forking a multithreaded process does not apply.
+      warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+      ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
+               log_to_driver=True, num_cpus=None if address else os.cpu_count())
   except (ConnectionError, RuntimeError, ValueError) as e:
     raise ConfigError("ray_address", address, "the address HOST:PORT of a running Ray "
                       f"cluster (`ray start --head`), or unset for a local one ({e})") from None
