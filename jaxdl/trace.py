@@ -33,7 +33,9 @@ Event kinds, by the shape of the algorithm's communication
     "step"   all workers take global step `iteration` together
 
 "wait" events (a worker idle, e.g. blocked by SSP's bound or at a barrier)
-carry no math and only feed the statistics.
+carry no math and only feed the statistics; neither do "restart" events (a
+real engine's worker process failed and was restarted at its clock
+`iteration`; it pulls again).
 
 A training step is one global batch of samples on every engine, B = the sum
 of the workers' batch sizes: a synchronous "step" event processes B, and an
@@ -50,7 +52,8 @@ import dataclasses
 import json
 from typing import Iterable, Iterator, Sequence
 
-KINDS = ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step", "wait")
+KINDS = ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step", "wait",
+         "restart")
 
 
 @dataclasses.dataclass(frozen=True)

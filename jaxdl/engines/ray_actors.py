@@ -51,6 +51,7 @@ class Server:
     self.m, self.total = self.streams.num_workers, built.total_steps
     self.batch_sizes, self.global_batch = built.streams.batch_sizes, built.global_batch
     self.bound = self.algorithm.staleness_bound
+    self.incarnation = [0] * self.m  # a worker's restarts: older calls are dropped
     self.clocks = [0] * self.m
     self.events: list[Event] = []
     self.bytes_total = 0
@@ -105,15 +106,28 @@ class Server:
     async with self.changed:
       self.changed.notify_all()
 
-  async def pull(self, w: int, seconds: float):
+  def restarted(self, w: int) -> int:
+    """Worker w's process failed and was restarted: its in-flight iteration is
+    dropped, and it pulls again at its clock. Its new incarnation number."""
+    self.incarnation[w] += 1
+    self._event("restart", w, iteration=self.clocks[w])
+    return self.incarnation[w]
+
+  async def pull(self, w: int, seconds: float, incarnation: int = 0):
     """Worker w's next pull: (its state, its iteration), or None once the run
-    is over. `seconds`: its last measured transfer time, the pull's duration."""
+    is over (or for a call of a worker's earlier incarnation). `seconds`: its
+    last measured transfer time, the pull's duration."""
+    stale = lambda: incarnation != self.incarnation[w]
+    if stale():
+      return None
     c = self.clocks[w]
     if self.bound is not None and min(self.clocks) < c - self.bound:
       since = self._now()
       async with self.changed:
         await self.changed.wait_for(
             lambda: self.finished or min(self.clocks) >= c - self.bound)
+      if stale():
+        return None
       if not self.finished and self._now() > since:
         self._event("wait", w, iteration=c, duration=self._now() - since)
     if self.finished:
@@ -125,9 +139,9 @@ class Server:
     return jax.device_get(self.workers[w]), c
 
   async def push(self, w: int, c: int, worker, compute_s: float, transfer_s: float,
-                 metrics: dict[str, float]):
+                 metrics: dict[str, float], incarnation: int = 0):
     """Applies worker w's iteration c on arrival, then serves its next pull."""
-    if self.finished:
+    if self.finished or incarnation != self.incarnation[w]:
       return None
     self.bytes_total += _nbytes(worker)
     d = np.float32(compute_s)
@@ -147,7 +161,7 @@ class Server:
       self.done_steps += 1
     self.finished = self.done_steps >= self.total
     await self._notify()
-    return None if self.finished else await self.pull(w, transfer_s)
+    return None if self.finished else await self.pull(w, transfer_s, incarnation)
 
   async def step(self, step: int):
     """(state, metric means) at the end of step `step`, once it has ended."""
@@ -175,11 +189,12 @@ class Worker:
     """Compiles the gradient's program on the first batch (the result is dropped)."""
     jax.block_until_ready(self.programs.compute(state, one_batch(self.streams, self.w, 0)))
 
-  def run(self) -> int:
-    """Works until the run is over; the number of iterations it pushed."""
+  def run(self, incarnation: int = 0) -> int:
+    """Works until the run is over; the number of iterations it pushed.
+    `incarnation`: how many times this worker's process was restarted."""
     import ray
     pushed, t = 0, time.perf_counter()
-    reply = ray.get(self.server.pull.remote(self.w, 0.0))
+    reply = ray.get(self.server.pull.remote(self.w, 0.0, incarnation))
     while reply is not None:
       transfer = time.perf_counter() - t
       state, c = reply
@@ -190,6 +205,6 @@ class Worker:
       t = time.perf_counter()
       reply = ray.get(self.server.push.remote(
           self.w, c, jax.device_get(state), compute, transfer,
-          self.programs.means(self.w, jax.device_get(shares))))
+          self.programs.means(self.w, jax.device_get(shares)), incarnation))
       pushed += 1
     return pushed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 from typing import Any
 
@@ -29,6 +30,11 @@ from jaxdl.engines import base
 from jaxdl.engines.events import take
 from jaxdl.engines.ray_actors import Server, Worker, identity
 from jaxdl.errors import ConfigError
+
+MAX_RESTARTS = 3
+"""Times Ray restarts a worker's process that died, before the run fails."""
+RESTART_TIMEOUT_S = 120.0
+"""Seconds a restarting worker may take to start again."""
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch that makes a local instance bind to 127.0.0.1 only (its
@@ -92,12 +98,13 @@ class RayEngine(base.LocalProcess):
     self.task = problem.task if config.data.dataset.startswith("task:") else None
     self.started = connect(config.distributed.ray_address)
     self._ray = ray
-    remote = lambda cls: ray.remote(num_cpus=0, max_restarts=0)(cls)
-    self.server = remote(Server).options(max_concurrency=max(64, 4 * self.num_workers)
-                                         ).remote(config, self.task)
-    self.workers = [remote(Worker).remote(config, self.task, w, self.server)
-                    for w in range(self.num_workers)]
-    self.runs: list = []
+    self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(
+        max_concurrency=max(64, 4 * self.num_workers)).remote(config, self.task)
+    self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(Worker).remote(
+        config, self.task, w, self.server) for w in range(self.num_workers)]
+    self.restarts = [0] * self.num_workers
+    self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
+    self.started_workers = False
     self.events: list[trace.Event] = []
     self.bytes_total, self.batch_seconds = 0, [[] for _ in range(self.num_workers)]
 
@@ -111,20 +118,41 @@ class RayEngine(base.LocalProcess):
     return state
 
   def _get(self, ref):
-    """ray.get of `ref`, with an actor's failure as the error it raised."""
+    """ray.get of `ref`; meanwhile a worker whose process died is restarted,
+    and an error a worker raised is raised here."""
     ray = self._ray
-    pending = [ref] + self.runs
     while True:
-      ready, _ = ray.wait(pending, num_returns=1)
+      ready, _ = ray.wait([ref, *self.running], num_returns=1)
       if ready[0] is ref:
         return ray.get(ref)
-      ray.get(ready[0])  # a worker's error, raised here
-      pending.remove(ready[0])
+      w = self.running.pop(ready[0])
+      try:
+        ray.get(ready[0])  # returns once the run is over
+      except ray.exceptions.RayActorError:  # died, or unavailable while it restarts
+        self._restart(w)
+
+  def _restart(self, w: int) -> None:
+    """Worker w's process died: once Ray has restarted the actor, its
+    in-flight iteration is dropped and it pulls again at its clock."""
+    ray = self._ray
+    self.restarts[w] += 1
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while True:
+      try:  # an ActorDiedError once Ray has given up restarting it
+        ray.get(self.workers[w].identity.remote())
+        break
+      except ray.exceptions.ActorUnavailableError:  # still restarting
+        if time.monotonic() > deadline:
+          raise
+        time.sleep(0.1)
+    incarnation = ray.get(self.server.restarted.remote(w))
+    self.running[self.workers[w].run.remote(incarnation)] = w
 
   def step(self, state, step: int):
-    if not self.runs:  # start the workers at the first step (after a restore, from it)
+    if not self.started_workers:  # at the first step (after a restore, from it)
       self._get(self.server.begin.remote(state, step))
-      self.runs = [w.run.remote() for w in self.workers]
+      self.running = {worker.run.remote(): w for w, worker in enumerate(self.workers)}
+      self.started_workers = True
     state, means = self._get(self.server.step.remote(step))
     return state, {k: np.float32(v) for k, v in means.items()}
 
@@ -146,7 +174,8 @@ class RayEngine(base.LocalProcess):
             **{k: stats[k] for k in ("staleness_mean", "staleness_max", "staleness_histogram",
                                      "wait_s", "bytes_total", "batches_per_worker")},
             "batch_seconds_per_worker": [float(np.mean(s)) if s else None
-                                         for s in self.batch_seconds]}
+                                         for s in self.batch_seconds],
+            "restarts_per_worker": list(self.restarts)}
 
   def report(self, state) -> dict[str, float]:
     return base.algorithm_report(self.algorithm, state[0])
@@ -168,6 +197,6 @@ class RayEngine(base.LocalProcess):
     for actor in [self.server, *(self.workers or [])]:
       if actor is not None:
         ray.kill(actor)
-    self.server, self.workers, self.runs = None, None, []
+    self.server, self.workers, self.running = None, None, {}
     if self.started and ray.is_initialized():
       ray.shutdown()

@@ -5,10 +5,12 @@ authentication off: a test's own instance only); a real run's trace replays
 on the sim engine to the same parameters, bit for bit."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import psutil
 import pytest
@@ -196,3 +198,69 @@ def test_a_run_joins_a_cluster_started_with_ray_start(tmp_path):
   finally:
     _stop(temp)
   assert not _processes_of(temp)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_actor(tmp_path):
+  """SIGINT to a ray run's driver mid-run: exit code 130, and every process
+  cluster.json lists is gone."""
+  temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
+  out = tmp_path / "run"
+  run = subprocess.Popen(
+      [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
+       "--workers", "2", "--model", "mlp", "--steps", "100000", "--batch-size", "16",
+       "--no-progress", "--out", str(out)], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 240
+    while not (out / "cluster.json").exists() or not (out / "trace.jsonl").exists():
+      assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:]
+      time.sleep(0.5)
+    actors = [p["pid"] for p in json.loads((out / "cluster.json").read_text())["processes"]]
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == 130
+  finally:
+    run.kill()
+  psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=15)
+  assert not any(psutil.pid_exists(p) for p in actors)
+  assert not _processes_of(temp)  # nor the local Ray instance
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
+  """SIGKILL to a worker's process mid-run: Ray restarts it, it pulls fresh
+  parameters at its clock, the run completes with every update of its budget
+  at the server, the trace and summary record the restart, and the trace
+  still replays bit for bit."""
+  temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
+  out, steps = tmp_path / "ray", 300
+  run = subprocess.Popen(
+      [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
+       "--workers", "2", "--model", "mlp", "--steps", str(steps), "--batch-size", "16",
+       "--checkpoint-every", "10", "--no-progress", "--out", str(out)], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 240
+    while not (out / "trace.jsonl").exists():
+      assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:]
+      time.sleep(0.2)
+    worker = json.loads((out / "cluster.json").read_text())["processes"][3]
+    assert worker["role"] == "worker 1"
+    os.kill(worker["pid"], signal.SIGKILL)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-2000:]
+  finally:
+    run.kill()
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["restarts_per_worker"] == [0, 1]
+  events = list(trace.read_trace(out / "trace.jsonl"))
+  restarts = [e for e in events if e.kind == "restart"]
+  assert [e.worker for e in restarts] == [1]
+  applies = [e for e in events if e.kind == "apply"]
+  assert [e.version for e in applies] == list(range(1, 2 * steps + 1))  # none lost
+  assert any(e.worker == 1 for e in applies if e.time > restarts[0].time)  # it works on
+  replayed = jaxdl.run(RunConfig.load(str(out / "config.json")).replace(
+      engine="sim", out=str(tmp_path / "sim"), replay=str(out / "trace.jsonl")))
+  assert replayed["params_fingerprint"] == summary["params_fingerprint"]
