@@ -200,24 +200,40 @@ def test_a_run_joins_a_cluster_started_with_ray_start(tmp_path):
   assert not _processes_of(temp)
 
 
+def _popen(out, temp: str, steps: int, *flags: str) -> subprocess.Popen:
+  """`jaxdl run --engine ray` of asp with 2 workers, as a process of its own."""
+  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
+  return subprocess.Popen(
+      [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
+       "--workers", "2", "--model", "mlp", "--steps", str(steps), "--batch-size", "16",
+       "--no-progress", "--out", str(out), *flags], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_trace(run: subprocess.Popen, out) -> list[dict]:
+  """Waits until the run has written its first checkpoint's trace; its processes."""
+  deadline = time.time() + 240
+  while not (out / "trace.jsonl").exists():
+    assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:]
+    time.sleep(0.2)
+  return json.loads((out / "cluster.json").read_text())["processes"]
+
+
+def _replays(out, tmp_path) -> None:
+  summary = json.loads((out / "summary.json").read_text())
+  replayed = jaxdl.run(RunConfig.load(str(out / "config.json")).replace(
+      engine="sim", out=str(tmp_path / "sim"), replay=str(out / "trace.jsonl"), resume=False))
+  assert replayed["params_fingerprint"] == summary["params_fingerprint"]
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_every_actor(tmp_path):
   """SIGINT to a ray run's driver mid-run: exit code 130, and every process
   cluster.json lists is gone."""
-  temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
-  out = tmp_path / "run"
-  run = subprocess.Popen(
-      [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
-       "--workers", "2", "--model", "mlp", "--steps", "100000", "--batch-size", "16",
-       "--no-progress", "--out", str(out)], env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
+  temp, out = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "run"
+  run = _popen(out, temp, 100000)
   try:
-    deadline = time.time() + 240
-    while not (out / "cluster.json").exists() or not (out / "trace.jsonl").exists():
-      assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:]
-      time.sleep(0.5)
-    actors = [p["pid"] for p in json.loads((out / "cluster.json").read_text())["processes"]]
+    actors = [p["pid"] for p in _wait_for_trace(run, out)]
     run.send_signal(signal.SIGINT)
     assert run.wait(timeout=60) == 130
   finally:
@@ -233,20 +249,10 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
   parameters at its clock, the run completes with every update of its budget
   at the server, the trace and summary record the restart, and the trace
   still replays bit for bit."""
-  temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-  env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
-  out, steps = tmp_path / "ray", 300
-  run = subprocess.Popen(
-      [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
-       "--workers", "2", "--model", "mlp", "--steps", str(steps), "--batch-size", "16",
-       "--checkpoint-every", "10", "--no-progress", "--out", str(out)], env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  temp, out, steps = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "ray", 300
+  run = _popen(out, temp, steps, "--checkpoint-every", "10")
   try:
-    deadline = time.time() + 240
-    while not (out / "trace.jsonl").exists():
-      assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:]
-      time.sleep(0.2)
-    worker = json.loads((out / "cluster.json").read_text())["processes"][3]
+    worker = _wait_for_trace(run, out)[3]
     assert worker["role"] == "worker 1"
     os.kill(worker["pid"], signal.SIGKILL)
     _, stderr = run.communicate(timeout=300)
@@ -261,6 +267,27 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
   applies = [e for e in events if e.kind == "apply"]
   assert [e.version for e in applies] == list(range(1, 2 * steps + 1))  # none lost
   assert any(e.worker == 1 for e in applies if e.time > restarts[0].time)  # it works on
-  replayed = jaxdl.run(RunConfig.load(str(out / "config.json")).replace(
-      engine="sim", out=str(tmp_path / "sim"), replay=str(out / "trace.jsonl")))
-  assert replayed["params_fingerprint"] == summary["params_fingerprint"]
+  _replays(out, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
+  """SIGKILL to the driver mid-run: its local Ray instance and actors go with
+  it; --resume continues from the last checkpoint to the full budget, and the
+  trace of the two processes together replays bit for bit."""
+  temp, out, steps = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "ray", 300
+  run = _popen(out, temp, steps, "--checkpoint-every", "10")
+  try:
+    actors = [p["pid"] for p in _wait_for_trace(run, out)]
+    run.kill()
+    run.wait(timeout=60)
+  finally:
+    run.kill()
+  psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=30)
+  assert not any(psutil.pid_exists(p) for p in actors)
+  resumed = _popen(out, temp, steps, "--checkpoint-every", "10", "--resume")
+  _, stderr = resumed.communicate(timeout=300)
+  assert resumed.returncode == 0, stderr[-2000:]
+  applies = [e for e in trace.read_trace(out / "trace.jsonl") if e.kind == "apply"]
+  assert [e.version for e in applies] == list(range(1, 2 * steps + 1))
+  _replays(out, tmp_path)
