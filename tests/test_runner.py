@@ -1,6 +1,7 @@
 """End to end: jaxdl.run writes a complete run directory, reproducibly."""
 import json
 import os
+import socket
 
 import jax
 import numpy as np
@@ -21,7 +22,11 @@ def test_run_directory_is_complete(tmp_path):
   out = tmp_path / "run"
   summary = jaxdl.run(RunConfig.make(out=str(out), **QUICK))
   assert sorted(p.name for p in out.iterdir()) == [
-      "checkpoints", "config.json", "metrics.jsonl", "summary.json", "tb", "trace.jsonl"]
+      "checkpoints", "cluster.json", "config.json", "metrics.jsonl", "summary.json", "tb",
+      "trace.jsonl"]
+  # an engine in this process: one process, this one
+  processes = json.loads((out / "cluster.json").read_text())["processes"]
+  assert processes == [{"role": "driver", "pid": os.getpid(), "host": socket.gethostname()}]
   trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
   assert [e["iteration"] for e in trace] == list(range(88))
   assert all(e["kind"] == "step" for e in trace)

@@ -39,7 +39,7 @@ def test_write_and_read_a_schedule(tmp_path):
 
 def test_every_event_kind_is_known():
   assert KINDS == ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step",
-                   "wait")
+                   "wait", "restart")
 
 
 def test_step_ends_counts_a_synchronous_step_as_m_iterations():

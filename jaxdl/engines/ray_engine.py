@@ -14,6 +14,7 @@ in that order and reproduces the run's parameters bit for bit.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -83,6 +84,20 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
     raise ConfigError("ray_address", address, f"{allowed}; nothing answers there ({e})") from None
 
 
+def _by_value(task) -> None:
+  """Sends the code of a script's task with it: the actors need not be able
+  to import the module that defines its functions (a script, a test)."""
+  import sys
+
+  from ray import cloudpickle
+  values = [getattr(task, f.name) for f in dataclasses.fields(task)]
+  values += [getattr(v, "fn", None) for v in values]  # FunctionData's function
+  modules = {getattr(v, "__module__", None) for v in values if callable(v)}
+  for name in modules - {None, "__main__"}:
+    if name.split(".")[0] != "jaxdl" and name in sys.modules:
+      cloudpickle.register_pickle_by_value(sys.modules[name])
+
+
 class RayEngine(base.LocalProcess):
   """Runs a centralized algorithm on a Ray server actor and M worker actors."""
   name = "ray"
@@ -96,6 +111,8 @@ class RayEngine(base.LocalProcess):
     self.config = config
     # A script's own task travels to the actors once; a zoo task is rebuilt there.
     self.task = problem.task if config.data.dataset.startswith("task:") else None
+    if self.task is not None:
+      _by_value(self.task)
     self.started = connect(config.distributed.ray_address)
     self._ray = ray
     self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -291,3 +292,32 @@ def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
   applies = [e for e in trace.read_trace(out / "trace.jsonl") if e.kind == "apply"]
   assert [e.version for e in applies] == list(range(1, 2 * steps + 1))
   _replays(out, tmp_path)
+
+
+def _regression_task() -> jaxdl.Task:
+  """A script's own task: a linear model, squared error, data from a
+  function of (worker, step, seed)."""
+  import jax.numpy as jnp
+  w_true = np.arange(1.0, 5.0, dtype=np.float32)
+
+  def batch(worker, step, seed):
+    x = np.random.default_rng([seed, worker, step]).normal(size=(16, 4)).astype(np.float32)
+    return {"x": x, "y": x @ w_true}
+
+  def loss(params, model_state, batch, key):
+    return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2), (model_state, {})
+
+  return jaxdl.Task(init=lambda key: ({"w": jnp.zeros(4)}, {}), loss=loss,
+                    train=jaxdl.FunctionData(batch, 10), name="regression")
+
+
+def test_a_scripts_own_task_runs_on_ray_and_replays(ray_instance, tmp_path):
+  config = RunConfig.make(algorithm="asp", engine="ray", workers=2, steps=30, batch_size=16,
+                          progress=False, lr=0.05, momentum=0.0, out=str(tmp_path / "ray"))
+  ray_run = jaxdl.run(config, task=_regression_task())
+  first = json.loads((tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()[0])
+  assert ray_run["train_loss"] < 0.1 * first["train_loss"]
+  replayed = jaxdl.run(config.replace(engine="sim", out=str(tmp_path / "sim"),
+                                      replay=str(tmp_path / "ray" / "trace.jsonl")),
+                       task=_regression_task())
+  assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
