@@ -107,8 +107,7 @@ class RayEngine(base.LocalProcess):
                config, total_steps: int):
     import ray
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
-    self.num_workers, self.total = streams.num_workers, total_steps
-    self.config = config
+    self.num_workers = streams.num_workers
     # A script's own task travels to the actors once; a zoo task is rebuilt there.
     self.task = problem.task if config.data.dataset.startswith("task:") else None
     if self.task is not None:
@@ -187,7 +186,7 @@ class RayEngine(base.LocalProcess):
     stats = trace.summarize(self.events, self.num_workers, self.bytes_total)
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
                            devices=1, workers_per_device=self.num_workers,
-                           processes=self.num_workers + 1),
+                           processes=self.num_workers + 2),  # and the driver, the server
             **{k: stats[k] for k in ("staleness_mean", "staleness_max", "staleness_histogram",
                                      "wait_s", "bytes_total", "batches_per_worker")},
             "batch_seconds_per_worker": [float(np.mean(s)) if s else None
