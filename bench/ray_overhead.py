@@ -1,0 +1,122 @@
+"""The ray engine's cost: its overhead per update and its scaling, each
+against a baseline measured in the same run.
+
+1. Overhead per update: a ray asp run with one worker, whose every update is
+   a pull, a gradient and a push applied at the server. Its wall seconds per
+   update, less the worker's measured compute seconds, is what the engine
+   adds; the baseline is a bare Ray actor round trip carrying the same
+   message (the worker's state, there and back), timed in the same Ray
+   instance.
+2. Scaling: samples/s of ray asp with M workers over one worker's.
+3. Start-up: seconds from `jaxdl.run` to its first step (Ray, the actors'
+   imports, their data and compiled programs), from the same runs.
+
+  python -m bench.ray_overhead                       # mlp and cnn, M = 1, 2, 4, 8
+  python -m bench.ray_overhead --models mlp --workers 1 2
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import tyro
+
+import jaxdl
+from bench.timing import machine
+from jaxdl.config import RunConfig
+from jaxdl.engines import ray_engine
+from jaxdl.engines.events import take
+from jaxdl.runner import setup
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+  models: tuple[str, ...] = ("mlp", "cnn")
+  workers: tuple[int, ...] = (1, 2, 4, 8)
+  steps: int = 200
+  """Steps of each run (a step: every worker's batch once, on average)."""
+  batch_size: int = 32
+  round_trips: int = 300
+  """Bare actor round trips timed for the baseline."""
+
+
+class Echo:
+  def echo(self, message):
+    return message
+
+
+def bare_round_trip(message, n: int) -> float:
+  """Median seconds of a Ray actor call that returns its argument."""
+  import ray
+  actor = ray.remote(num_cpus=0)(Echo).remote()
+  ray.get(actor.echo.remote(message))
+  times = []
+  for _ in range(n):
+    start = time.perf_counter()
+    ray.get(actor.echo.remote(message))
+    times.append(time.perf_counter() - start)
+  ray.kill(actor)
+  return statistics.median(times)
+
+
+def worker_state(config: RunConfig):
+  """A worker's state as the server sends it (host arrays)."""
+  built = setup(config)
+  try:
+    return jax.device_get(take(built.engine.init(jax.random.key(0))[1], 0))
+  finally:
+    built.engine.close()
+
+
+def ray_run(model: str, workers: int, args: Args, out: Path) -> dict:
+  config = RunConfig.make(algorithm="asp", engine="ray", workers=workers, model=model,
+                          batch_size=args.batch_size, steps=args.steps, progress=False,
+                          eval_every=args.steps, out=str(out))
+  start = time.perf_counter()
+  summary = jaxdl.run(config)
+  summary["total_s"] = time.perf_counter() - start
+  return summary
+
+
+def main(args: Args) -> None:
+  ray_engine.connect(None)
+  print(f"machine: {machine()}")
+  with tempfile.TemporaryDirectory() as tmp:
+    for model in args.models:
+      one = RunConfig.make(algorithm="asp", engine="ray", workers=1, model=model,
+                           batch_size=args.batch_size, steps=1, progress=False)
+      state = worker_state(one)
+      nbytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
+      bare = bare_round_trip(state, args.round_trips)
+      runs = {m: ray_run(model, m, args, Path(tmp) / f"{model}-{m}") for m in args.workers}
+      print(f"\n{model}: a worker's state is {nbytes / 1e6:.2f} MB; bare actor round trip "
+            f"with it {bare * 1e3:.2f} ms")
+      if 1 in runs:
+        r = runs[1]
+        per_update = r["wall_time_s"] / (r["steps"])
+        compute = r["batch_seconds_per_worker"][0]
+        overhead = per_update - compute
+        print(f"  1 worker: {per_update * 1e3:.2f} ms an update, {compute * 1e3:.2f} ms of "
+              f"compute: overhead {overhead * 1e3:.2f} ms = {overhead / bare:.2f} x the bare "
+              "round trip")
+      print(f"  {'workers':>8}{'samples/s':>12}{'vs 1':>8}{'staleness':>11}{'wait s':>9}"
+            f"{'start-up s':>12}")
+      base = runs[min(runs)]["samples_per_s"]
+      for m, r in runs.items():
+        startup = r["total_s"] - r["wall_time_s"]
+        print(f"  {m:>8}{r['samples_per_s']:>12.0f}{r['samples_per_s'] / base:>8.2f}"
+              f"{r['staleness_mean'] or 0:>11.2f}{sum(r['wait_s']):>9.2f}{startup:>12.1f}")
+      print(json.dumps({"model": model, "bare_round_trip_s": bare, "state_bytes": nbytes,
+                        "runs": {m: {k: r[k] for k in ("samples_per_s", "wall_time_s",
+                                                        "staleness_mean", "total_s")}
+                                 for m, r in runs.items()}}))
+
+
+if __name__ == "__main__":
+  main(tyro.cli(Args))
