@@ -393,7 +393,7 @@ def target_metric(grid: Grid) -> str:
   """The summary metric the grid's cells are compared on (jaxdl.task.Task)."""
   from jaxdl.config import TASK_PREFIX
   from jaxdl.data import CORPORA
-  from jaxdl.runner import resolve_task
+  from jaxdl.build import resolve_task
   dataset = dict(grid.run).get("dataset", "digits")
   if dataset.startswith(TASK_PREFIX):
     return resolve_task(RunConfig.make(dataset=dataset), None)[1].target_metric

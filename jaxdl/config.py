@@ -379,7 +379,7 @@ TASK_PREFIX = "task:"
 def validate(config: RunConfig) -> RunConfig:
   """Checks every field that can be checked without data; returns the config.
   A script's or a registered task (--dataset task:NAME) is resolved by the
-  runner (jaxdl.runner.resolve_task), not here."""
+  runner (jaxdl.build.resolve_task), not here."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
   from jaxdl import cluster, data, models, optim

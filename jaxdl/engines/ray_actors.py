@@ -27,8 +27,8 @@ from jaxdl.trace import Event
 
 
 def _built(config, task):
-  from jaxdl import runner  # the runner imports the engines
-  return runner.prepare(config, task=task)
+  from jaxdl.build import prepare  # heavy: only in the actors' processes
+  return prepare(config, task=task)
 
 
 def identity(role: str) -> dict[str, Any]:
