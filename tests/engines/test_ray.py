@@ -22,10 +22,6 @@ from jaxdl.config import RunConfig, validate
 from jaxdl.engines import ray_engine
 from jaxdl.errors import ConfigError
 
-# One Ray instance per test process: under xdist, these tests share a worker
-# (pytest --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("ray")
-
 RUN = dict(dataset="digits", model="mlp", steps=12, batch_size=16, progress=False,
            eval_every=6)
 
