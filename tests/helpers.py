@@ -1,6 +1,7 @@
 """Building blocks shared by the algorithm and engine tests."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -137,3 +138,15 @@ def snapshot(path: Path):
     return path.read_bytes()
   return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
           for p in sorted(path.rglob("*"))}
+
+
+def jaxdl_command(*args: str) -> list[str]:
+  """The argv of `python -m jaxdl ARGS` that a test may interrupt with SIGINT.
+
+  A process started in the background by a non-interactive shell (as a CI
+  script may start the tests) inherits SIGINT ignored, and Python then
+  installs no Ctrl-C handler: the command restores it first.
+  """
+  return [sys.executable, "-c", "import runpy, signal, sys; "
+          "signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "sys.argv[0] = 'jaxdl'; runpy.run_module('jaxdl', run_name='__main__')", *args]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import jaxdl_command
+
 # Two training cells long enough to be running when the signal comes, and
 # their timing cells (dry runs), which finish before it in the third job.
 ARGS = ["compare", "--algorithms", "asp", "ar_sgd", "--workers", "2", "--steps", "100000",
@@ -53,7 +55,7 @@ def _wait(predicate, seconds: float) -> bool:
                          ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
   out = tmp_path / "cmp"
-  process = subprocess.Popen([sys.executable, "-m", "jaxdl", *ARGS, "--out", str(out)],
+  process = subprocess.Popen(jaxdl_command(*ARGS, "--out", str(out)),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     timing = {"asp-m2-56gbps-timing": "done", "ar_sgd-m2-56gbps-timing": "done"}

@@ -21,6 +21,7 @@ from jaxdl import trace
 from jaxdl.config import RunConfig, validate
 from jaxdl.engines import ray_engine
 from jaxdl.errors import ConfigError
+from tests.helpers import jaxdl_command
 
 RUN = dict(dataset="digits", model="mlp", steps=12, batch_size=16, progress=False,
            eval_every=6)
@@ -201,10 +202,10 @@ def _popen(out, temp: str, steps: int, *flags: str) -> subprocess.Popen:
   """`jaxdl run --engine ray` of asp with 2 workers, as a process of its own."""
   env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
   return subprocess.Popen(
-      [sys.executable, "-m", "jaxdl", "run", "--algorithm", "asp", "--engine", "ray",
-       "--workers", "2", "--model", "mlp", "--steps", str(steps), "--batch-size", "16",
-       "--no-progress", "--out", str(out), *flags], env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
+      jaxdl_command("run", "--algorithm", "asp", "--engine", "ray", "--workers", "2",
+                    "--model", "mlp", "--steps", str(steps), "--batch-size", "16",
+                    "--no-progress", "--out", str(out), *flags), env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_trace(run: subprocess.Popen, out) -> list[dict]:
