@@ -90,7 +90,8 @@ def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
 
 
 # The event kinds that can drive each shape's math (jaxdl.trace).
-REPLAY_KINDS = ((Collective, ("step", "wait")), (Centralized, ("pull", "apply", "wait", "restart")),
+REPLAY_KINDS = ((Collective, ("step", "wait")),
+                (Centralized, ("pull", "apply", "wait", "restart")),
                 (Elastic, ("local", "exchange", "wait")),
                 (Gossip, ("local", "send", "gossip", "wait")),
                 (Decentralized, ("pull", "average", "apply", "wait")))
