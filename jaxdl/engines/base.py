@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxdl.algorithms import Problem, Shape
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.data import Streams
+from jaxdl import trace
 from jaxdl.trace import Event
 
 Metrics = dict[str, jax.Array]
@@ -72,11 +73,16 @@ class Engine(Protocol):
     calls it once the run ends, however it ends."""
 
 
+def process_identity(role: str) -> dict[str, Any]:
+  """Who this process is in a run (cluster.json): its role, process id and host."""
+  return {"role": role, "pid": os.getpid(), "host": socket.gethostname()}
+
+
 class LocalProcess:
   """The processes of an engine that runs in the driver's process alone."""
 
   def processes(self) -> list[dict[str, Any]]:
-    return [{"role": "driver", "pid": os.getpid(), "host": socket.gethostname()}]
+    return [process_identity("driver")]
 
   def close(self) -> None:
     pass
@@ -105,6 +111,17 @@ def figures(name: str, algorithm: Shape, problem: Problem, streams: Streams, *,
   return {"engine": name, "devices": devices, "workers_per_device": workers_per_device,
           "processes": processes, "batch_sizes": list(streams.batch_sizes),
           "bytes_communicated_per_step": algorithm.bytes_per_step}
+
+
+TRACE_FIGURES = ("staleness_mean", "staleness_max", "staleness_histogram", "wait_s",
+                 "bytes_total", "batches_per_worker")
+"""The summary figures of an asynchronous run's trace (jaxdl.trace.summarize)."""
+
+
+def trace_figures(events: Sequence[Event], num_workers: int, bytes_total, *extra: str):
+  """TRACE_FIGURES (and `extra` ones) of the run's events."""
+  stats = trace.summarize(events, num_workers, bytes_total)
+  return {k: stats[k] for k in (*extra, *TRACE_FIGURES)}
 
 
 def algorithm_report(algorithm: Shape, server: Any) -> dict[str, float]:

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdl.engines.base import LocalProcess
+from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, initial_state, one_batch, stack, take
 from jaxdl.trace import Event
 
@@ -29,11 +29,6 @@ from jaxdl.trace import Event
 def _built(config, task):
   from jaxdl.build import prepare  # heavy: only in the actors' processes
   return prepare(config, task=task)
-
-
-def identity(role: str) -> dict[str, Any]:
-  """Who a process is: its role, process id and host."""
-  return {**LocalProcess().processes()[0], "role": role}
 
 
 def _nbytes(tree) -> int:
@@ -63,14 +58,14 @@ class Server:
     self.changed = asyncio.Condition()
 
   def identity(self) -> dict[str, Any]:
-    return identity("server")
+    return process_identity("server")
 
   def initialize(self, key_data: np.ndarray):
     """The state at step 0, from the run's key."""
     key = jax.random.wrap_key_data(np.asarray(key_data))
     self.server, workers = initial_state(self.algorithm, key, self.m)
     self.workers = [take(workers, w) for w in range(self.m)]
-    return jax.device_get(self.state())
+    return self.state()
 
   def warm_up(self) -> None:
     """Compiles the pull and apply programs (their results are dropped)."""
@@ -83,10 +78,13 @@ class Server:
       self.restore(state, step)
     self.start = time.time()
 
-  def state(self):
-    """The run's state: the server, every worker's last state at the server
-    (stacked) and the workers' clocks."""
-    return self.server, stack(self.workers), np.asarray(self.clocks, np.int64)
+  def state(self, server=None, workers=None, clocks=None):
+    """The run's state, as host arrays: the server, every worker's last state
+    at the server (stacked) and the workers' clocks (by default, now's)."""
+    server = self.server if server is None else server
+    workers = self.workers if workers is None else workers
+    clocks = self.clocks if clocks is None else clocks
+    return jax.device_get((server, stack(workers), np.asarray(clocks, np.int64)))
 
   def restore(self, state, step: int) -> None:
     """Continues from a checkpoint's state, taken at the end of step `step`."""
@@ -155,8 +153,10 @@ class Server:
     self.clocks[w] += 1
     self.samples += self.batch_sizes[w]
     while self.samples >= (self.done_steps + 1) * self.global_batch:
+      # The state's arrays as they are (immutable): stacked and copied when asked.
       means = {k: v / self.count for k, v in self.sums.items()}
-      self.snapshots[self.done_steps] = (jax.device_get(self.state()), means)
+      self.snapshots[self.done_steps] = (self.server, tuple(self.workers),
+                                         tuple(self.clocks), means)
       self.sums, self.count = {}, 0
       self.done_steps += 1
     self.finished = self.done_steps >= self.total
@@ -167,10 +167,13 @@ class Server:
     """(state, metric means) at the end of step `step`, once it has ended."""
     async with self.changed:
       await self.changed.wait_for(lambda: step in self.snapshots)
-    return self.snapshots.pop(step)
+    *state, means = self.snapshots.pop(step)
+    return self.state(*state), means
 
-  def trace(self) -> tuple[list[Event], int, list[list[float]]]:
-    return self.events, self.bytes_total, self.batch_seconds
+  def trace(self) -> tuple[list[Event], int, list[list[float]], bool]:
+    """The events so far, bytes sent, seconds per batch per worker, and
+    whether the run is over (nothing more will change)."""
+    return self.events, self.bytes_total, self.batch_seconds, self.finished
 
 
 class Worker:
@@ -183,7 +186,7 @@ class Worker:
     self.programs = EventPrograms(built.algorithm, built.streams)
 
   def identity(self) -> dict[str, Any]:
-    return identity(f"worker {self.w}")
+    return process_identity(f"worker {self.w}")
 
   def warm_up(self, state) -> None:
     """Compiles the gradient's program on the first batch (the result is dropped)."""

@@ -29,13 +29,15 @@ from jaxdl.algorithms import Centralized, Problem, Shape
 from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import take
-from jaxdl.engines.ray_actors import Server, Worker, identity
+from jaxdl.engines.ray_actors import Server, Worker
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
 """Times Ray restarts a worker's process that died, before the run fails."""
 RESTART_TIMEOUT_S = 120.0
 """Seconds a restarting worker may take to start again."""
+
+ADDRESS_HELP = "the address HOST:PORT of a running Ray cluster (`ray start --head`)"
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch that makes a local instance bind to 127.0.0.1 only (its
@@ -66,22 +68,22 @@ def connect(address: str | None) -> bool:
       ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
                log_to_driver=True, num_cpus=None if address else os.cpu_count())
   except (ConnectionError, RuntimeError, ValueError) as e:
-    raise ConfigError("ray_address", address, "the address HOST:PORT of a running Ray "
-                      f"cluster (`ray start --head`), or unset for a local one ({e})") from None
+    raise ConfigError("ray_address", address,
+                      f"{ADDRESS_HELP}, or unset for a local one ({e})") from None
   return True
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
   """A ConfigError unless something listens at HOST:PORT (Ray itself would
   retry for minutes)."""
-  allowed = "the address HOST:PORT of a running Ray cluster (`ray start --head`)"
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
-    raise ConfigError("ray_address", address, allowed)
+    raise ConfigError("ray_address", address, ADDRESS_HELP)
   try:
     socket.create_connection((host, int(port)), timeout=timeout).close()
   except OSError as e:
-    raise ConfigError("ray_address", address, f"{allowed}; nothing answers there ({e})") from None
+    raise ConfigError("ray_address", address,
+                      f"{ADDRESS_HELP}; nothing answers there ({e})") from None
 
 
 def _by_value(task) -> None:
@@ -122,6 +124,7 @@ class RayEngine(base.LocalProcess):
     self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
     self.started_workers = False
     self.events: list[trace.Event] = []
+    self.trace_final = False  # the run is over: the trace fetched is the whole
     self.bytes_total, self.batch_seconds = 0, [[] for _ in range(self.num_workers)]
 
   def init(self, key: jax.Array):
@@ -173,8 +176,8 @@ class RayEngine(base.LocalProcess):
     return state, {k: np.float32(v) for k, v in means.items()}
 
   def _fetch_trace(self) -> None:
-    if self.server is not None:
-      self.events, self.bytes_total, self.batch_seconds = self._get(
+    if self.server is not None and not self.trace_final:
+      self.events, self.bytes_total, self.batch_seconds, self.trace_final = self._get(
           self.server.trace.remote())
 
   def trace(self) -> list[trace.Event]:
@@ -183,12 +186,10 @@ class RayEngine(base.LocalProcess):
 
   def figures(self) -> dict[str, Any]:
     self._fetch_trace()
-    stats = trace.summarize(self.events, self.num_workers, self.bytes_total)
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
                            devices=1, workers_per_device=self.num_workers,
                            processes=self.num_workers + 2),  # and the driver, the server
-            **{k: stats[k] for k in ("staleness_mean", "staleness_max", "staleness_histogram",
-                                     "wait_s", "bytes_total", "batches_per_worker")},
+            **base.trace_figures(self.events, self.num_workers, self.bytes_total),
             "batch_seconds_per_worker": [float(np.mean(s)) if s else None
                                          for s in self.batch_seconds],
             "restarts_per_worker": list(self.restarts)}
@@ -204,7 +205,7 @@ class RayEngine(base.LocalProcess):
     return []
 
   def processes(self) -> list[dict[str, Any]]:
-    return [identity("driver")] + self._ray.get(
+    return [base.process_identity("driver")] + self._ray.get(
         [a.identity.remote() for a in [self.server, *self.workers]])
 
   def close(self) -> None:

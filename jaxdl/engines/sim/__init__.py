@@ -224,12 +224,10 @@ class SimEngine(base.LocalProcess):
             {k: v / count for k, v in sums.items()})
 
   def figures(self) -> dict:
-    stats = trace.summarize(self.events, self.num_workers, self.bytes_total)
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams, devices=1,
                            workers_per_device=self.num_workers),
-            **{k: stats[k] for k in ("simulated_time_s", "staleness_mean", "staleness_max",
-                                     "staleness_histogram", "wait_s", "bytes_total",
-                                     "batches_per_worker")},
+            **base.trace_figures(self.events, self.num_workers, self.bytes_total,
+                                 "simulated_time_s"),
             **self._in_flight_figures()}
 
   def _in_flight_figures(self) -> dict:
