@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from jaxdl import distributed, rundir, trace
-from jaxdl.build import Setup, build_task, prepare, resolve_task
+from jaxdl.build import Cadence, Setup, build_task, prepare, resolve_task
 from jaxdl.checkpoint import Checkpointer, abstract
 from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, resolve, validate
 from jaxdl.data import Streams
@@ -185,9 +185,7 @@ class _Training:
   def __init__(self, setup: Setup, out: Path, resuming: bool):
     self.s, self.out = setup, out
     c = setup.config.train
-    spe = setup.streams.steps_per_epoch
-    self.eval_every = c.eval_every or spe
-    self.ckpt_every = c.checkpoint_every or spe
+    self.cadence = Cadence.of(setup.config, setup.streams.steps_per_epoch, setup.total_steps)
     self.state = setup.engine.init(jax.random.fold_in(jax.random.key(c.seed), 0))
     self.ckpt = Checkpointer(out / rundir.CHECKPOINTS, c.keep_checkpoints)
     self.start, self.wall_offset = 0, 0.0
@@ -212,7 +210,7 @@ class _Training:
 
   def run(self) -> dict[str, Any]:
     from tqdm.auto import tqdm
-    s, c = self.s, self.s.config.train
+    s = self.s
     self.t0 = time.perf_counter()
     bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                disable=not (s.config.output.progress and distributed.is_main()),
@@ -224,9 +222,8 @@ class _Training:
         self.state, metrics = s.engine.step(self.state, step)
         pending.append(metrics)
         done = step + 1
-        evaluate = done % self.eval_every == 0 or done == s.total_steps
-        log = done % c.log_every == 0 or evaluate  # evaluate: also at the last step
-        checkpoint = done % self.ckpt_every == 0 or done == s.total_steps
+        evaluate, log, checkpoint = (self.cadence.evaluates(done), self.cadence.logs(done),
+                                     self.cadence.checkpoints(done))
         if log or checkpoint:
           # Fetching the metrics also bounds how far dispatch runs ahead; a
           # checkpoint waits for the state anyway, and is never of a diverged one.

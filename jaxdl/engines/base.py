@@ -48,7 +48,10 @@ class Engine(Protocol):
     """The state of the whole run at step 0 (a pytree that checkpoints)."""
 
   def step(self, state: Any, step: int) -> tuple[Any, Metrics]:
-    """Advances `state` by training step `step`; metrics are global means."""
+    """Advances `state` by training step `step`; metrics are global means.
+    At a step after which the runner reads no state (build.Cadence.observes),
+    an engine whose state lives in other processes may return `state`
+    unchanged rather than gather it."""
 
   def evaluated(self, state: Any) -> tuple[Any, Any]:
     """(params, model_state) of the model to evaluate, as host arrays."""

@@ -90,14 +90,24 @@ class EventPrograms:
     return list(self.fns.values())
 
 
+REPLAYED = (Centralized, Elastic, Decentralized)
+"""The shapes whose real runs replay event by event."""
+
+
 class EventReplay:
   """Runs a trace's events one at a time with `EventPrograms` (the sim
   engine's "events" batching): the math a real engine's processes ran, in
-  the order they ran it. A centralized gradient is computed on the worker's
-  pulled state when its push is applied (it depends on nothing else)."""
+  the order they ran it.
+
+  Where each gradient is computed, as a real engine's processes compute it:
+  a centralized one on the worker's pulled state when its push is applied
+  (it depends on nothing else); AD-PSGD's at its "pull" (the snapshot and
+  its gradient are one event); a local step at its "local" event. A step's
+  metrics are those of the gradients computed in it.
+  """
 
   def __init__(self, algorithm: Shape, streams: Streams):
-    if not isinstance(algorithm, Centralized):
+    if not isinstance(algorithm, REPLAYED):
       raise TypeError(f"no event replay for {type(algorithm).__name__} yet")
     self.programs = EventPrograms(algorithm, streams)
     self.streams = streams
@@ -105,18 +115,36 @@ class EventReplay:
   def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str]):
     """(server, workers, (metric sums, count)) after `events`."""
     sums, count = {k: 0.0 for k in metric_names}, 0
-    p = self.programs
+    p, algorithm, none = self.programs, self.programs.algorithm, np.float32(0.0)
+    centralized = isinstance(algorithm, Centralized)
+    put = lambda states, w, v: jax.tree.map(lambda x, y: x.at[w].set(y), states, v)
     for e in events:
-      if e.kind == "pull":
-        worker = p.pull(server, take(workers, e.worker), np.float32(e.duration))
-      elif e.kind == "apply":
-        worker, shares = p.compute(take(workers, e.worker),
-                                   one_batch(self.streams, e.worker, e.iteration))
+      if e.kind in ("wait", "restart"):  # no math
+        continue
+      w, shares = e.worker, None
+      worker = take(workers, w)
+      batch = lambda: one_batch(self.streams, w, e.iteration)
+      if e.kind == "pull" and centralized:
+        worker = p.pull(server, worker, np.float32(e.duration))
+      elif e.kind == "pull":
+        worker, shares = p.compute(p.pull(server, worker, none), batch())
+      elif e.kind == "apply" and centralized:
+        worker, shares = p.compute(worker, batch())
         server, worker = p.apply(server, worker, np.float32(e.duration))
-        for k, v in p.means(e.worker, shares).items():
+      elif e.kind == "apply":
+        server, worker = p.apply(server, worker, none)
+      elif e.kind == "local":
+        worker, shares = p.local(worker, batch())
+      elif e.kind == "exchange":
+        server, worker = p.exchange(server, worker)
+      elif e.kind == "average":
+        worker, peer = p.pair(worker, take(workers, e.peer))
+        workers = put(workers, e.peer, peer)
+      else:
+        raise ValueError(f"event {e}: not a {type(algorithm).__name__} event")
+      workers = put(workers, w, worker)
+      if shares is not None:
+        for k, v in p.means(w, shares).items():
           sums[k] += v
         count += 1
-      else:  # "wait": no math
-        continue
-      workers = jax.tree.map(lambda x, v: x.at[e.worker].set(v), workers, worker)
     return server, workers, ({k: np.float32(v) for k, v in sums.items()}, np.float32(count))

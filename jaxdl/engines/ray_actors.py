@@ -1,26 +1,30 @@
-"""The ray engine's processes: a parameter server and its workers.
+"""The ray engine's processes: a central actor and its workers.
 
 Each actor builds its own algorithm, model and data stream from the run's
 config (and a script's task, sent once when the actor starts), and runs the
 algorithm's event functions as `jaxdl.engines.events.EventPrograms`: the
 programs the sim engine replays. Nothing here is algorithm math.
 
-The server applies every push on arrival, in the order pushes really
-arrive, and records each event with its wall time (seconds since the run
-started); under SSP it holds a worker's pull until the slowest clock allows
-it. It ends the run once the workers together have processed the budget of
-samples; a push that arrives after that is dropped, as an iteration still
-in flight at the end of a simulated schedule is.
+The central actor records each event with its wall time (seconds since the
+run started), in the order the events' math ran, and ends the run once the
+workers together have processed the budget of samples; what a worker does
+after that is dropped, as an iteration still in flight at the end of a
+simulated schedule is. A parameter server (`Server`, with `Worker`) applies
+every push on arrival, in the order pushes really arrive, and under SSP
+holds a worker's pull until the slowest clock allows it. A `Coordinator`
+(with `Peer`) serves workers that keep their own models: EASGD, AD-PSGD.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxdl.algorithms import Elastic
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, initial_state, one_batch, stack, take
 from jaxdl.trace import Event
@@ -35,9 +39,11 @@ def _nbytes(tree) -> int:
   return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
 
 
-class Server:
-  """The parameter server of a centralized algorithm (asp, ssp, dc_asgd,
-  lc_asgd): an asyncio actor, one method call at a time between awaits."""
+class _Ledger:
+  """What a run's central actor keeps, whatever the algorithm: the events in
+  the order their math ran, with wall times (seconds since the run started);
+  the workers' clocks (updates so far); the budget of samples, and where each
+  step ends (jaxdl.trace); each step's metric means."""
 
   def __init__(self, config, task):
     built = _built(config, task)
@@ -45,13 +51,11 @@ class Server:
     self.programs = EventPrograms(self.algorithm, self.streams)
     self.m, self.total = self.streams.num_workers, built.total_steps
     self.batch_sizes, self.global_batch = built.streams.batch_sizes, built.global_batch
-    self.bound = self.algorithm.staleness_bound
-    self.incarnation = [0] * self.m  # a worker's restarts: older calls are dropped
     self.clocks = [0] * self.m
     self.events: list[Event] = []
     self.bytes_total = 0
     self.batch_seconds = [[] for _ in range(self.m)]
-    self.done_steps, self.samples, self.version = 0, 0, 0
+    self.done_steps, self.samples = 0, 0
     self.finished = False
     self.sums, self.count = {}, 0
     self.snapshots: dict[int, Any] = {}
@@ -67,11 +71,6 @@ class Server:
     self.workers = [take(workers, w) for w in range(self.m)]
     return self.state()
 
-  def warm_up(self) -> None:
-    """Compiles the pull and apply programs (their results are dropped)."""
-    worker = self.programs.pull(self.server, self.workers[0], np.float32(0.0))
-    jax.block_until_ready(self.programs.apply(self.server, worker, np.float32(0.0)))
-
   def begin(self, state, step: int) -> None:
     """Starts the clock; from a checkpoint's state at the end of step `step` > 0."""
     if step:
@@ -79,8 +78,8 @@ class Server:
     self.start = time.time()
 
   def state(self, server=None, workers=None, clocks=None):
-    """The run's state, as host arrays: the server, every worker's last state
-    at the server (stacked) and the workers' clocks (by default, now's)."""
+    """The run's state, as host arrays: the server, every worker's state
+    (stacked) and the workers' clocks (by default, now's)."""
     server = self.server if server is None else server
     workers = self.workers if workers is None else workers
     clocks = self.clocks if clocks is None else clocks
@@ -92,7 +91,6 @@ class Server:
     self.workers = [take(workers, w) for w in range(self.m)]
     self.clocks = [int(c) for c in clocks]
     self.done_steps, self.samples = step, step * self.global_batch
-    self.version = int(sum(self.clocks))
 
   def _now(self) -> float:
     return time.time() - self.start
@@ -103,6 +101,56 @@ class Server:
   async def _notify(self) -> None:
     async with self.changed:
       self.changed.notify_all()
+
+  def _add(self, metrics: dict[str, float] | None) -> None:
+    for k, v in (metrics or {}).items():
+      self.sums[k] = self.sums.get(k, 0.0) + v
+    self.count += metrics is not None
+
+  def _update(self, w: int) -> list[int]:
+    """Counts an update of worker w ("apply" or "local"): the steps it ended
+    (at most one), each with its metric means kept; ends the run after the
+    last."""
+    self.clocks[w] += 1
+    self.samples += self.batch_sizes[w]
+    ended = []
+    while self.samples >= (self.done_steps + 1) * self.global_batch:
+      self.means = {k: v / max(self.count, 1) for k, v in self.sums.items()}
+      self.sums, self.count = {}, 0
+      ended.append(self.done_steps)
+      self.done_steps += 1
+    self.finished = self.done_steps >= self.total
+    return ended
+
+  async def step(self, step: int):
+    """(state or None, metric means) at the end of step `step`, once it has
+    ended and its state is complete."""
+    async with self.changed:
+      await self.changed.wait_for(lambda: self._complete(step))
+    return self._take_snapshot(step)
+
+  def trace(self) -> tuple[list[Event], int, list[list[float]], bool]:
+    """The events so far, bytes sent, seconds per batch per worker, and
+    whether the run is over (nothing more will change)."""
+    return self.events, self.bytes_total, self.batch_seconds, self.finished
+
+
+class Server(_Ledger):
+  """The parameter server of a centralized algorithm (asp, ssp, dc_asgd,
+  lc_asgd): an asyncio actor, one method call at a time between awaits. It
+  keeps every worker's state: a worker's process holds nothing between
+  iterations."""
+
+  def __init__(self, config, task):
+    super().__init__(config, task)
+    self.bound = self.algorithm.staleness_bound
+    self.incarnation = [0] * self.m  # a worker's restarts: older calls are dropped
+    self.version = 0
+
+  def warm_up(self) -> None:
+    """Compiles the pull and apply programs (their results are dropped)."""
+    worker = self.programs.pull(self.server, self.workers[0], np.float32(0.0))
+    jax.block_until_ready(self.programs.apply(self.server, worker, np.float32(0.0)))
 
   def restarted(self, w: int) -> int:
     """Worker w's process failed and was restarted: its in-flight iteration is
@@ -147,33 +195,23 @@ class Server:
     self.version += 1
     self._event("apply", w, iteration=c, version=self.version, duration=float(d))
     self.batch_seconds[w].append(compute_s)
-    for k, v in metrics.items():
-      self.sums[k] = self.sums.get(k, 0.0) + v
-    self.count += 1
-    self.clocks[w] += 1
-    self.samples += self.batch_sizes[w]
-    while self.samples >= (self.done_steps + 1) * self.global_batch:
+    self._add(metrics)
+    for step in self._update(w):
       # The state's arrays as they are (immutable): stacked and copied when asked.
-      means = {k: v / self.count for k, v in self.sums.items()}
-      self.snapshots[self.done_steps] = (self.server, tuple(self.workers),
-                                         tuple(self.clocks), means)
-      self.sums, self.count = {}, 0
-      self.done_steps += 1
-    self.finished = self.done_steps >= self.total
+      self.snapshots[step] = (self.server, tuple(self.workers), tuple(self.clocks), self.means)
     await self._notify()
     return None if self.finished else await self.pull(w, transfer_s, incarnation)
 
-  async def step(self, step: int):
-    """(state, metric means) at the end of step `step`, once it has ended."""
-    async with self.changed:
-      await self.changed.wait_for(lambda: step in self.snapshots)
+  def restore(self, state, step: int) -> None:
+    super().restore(state, step)
+    self.version = int(sum(self.clocks))
+
+  def _complete(self, step: int) -> bool:
+    return step in self.snapshots
+
+  def _take_snapshot(self, step: int):
     *state, means = self.snapshots.pop(step)
     return self.state(*state), means
-
-  def trace(self) -> tuple[list[Event], int, list[list[float]], bool]:
-    """The events so far, bytes sent, seconds per batch per worker, and
-    whether the run is over (nothing more will change)."""
-    return self.events, self.bytes_total, self.batch_seconds, self.finished
 
 
 class Worker:
@@ -211,3 +249,224 @@ class Worker:
           self.programs.means(self.w, jax.device_get(shares)), incarnation))
       pushed += 1
     return pushed
+
+
+class Coordinator(_Ledger):
+  """The central actor of an algorithm whose workers keep their own models
+  (easgd, ad_psgd). It grants each worker's next event, so the events have
+  one order, the trace's: a worker asks before each event (holding its
+  model), and once the run is over the answer is no. It holds EASGD's center
+  and applies each exchange on arrival, and pairs AD-PSGD's workers (a
+  worker is in one average at a time: no lost update, and no deadlock, as a
+  pair is taken at once).
+
+  At the end of each step the driver reads (`observed`), it gathers every
+  worker's model as it was then, without stopping anyone: a consistent cut,
+  each worker's model before its first event after the step's end, which
+  the worker deposits when it asks for that event (or stops).
+  """
+
+  def __init__(self, config, task, observed: list[int]):
+    super().__init__(config, task)
+    self.observed = set(observed)
+    self.cuts: dict[int, dict] = {}  # step -> its cut, until the driver takes it
+    self.owed: list[list[int]] = [[] for _ in range(self.m)]  # cuts a worker still owes
+    self.paired: set[int] = set()
+
+  def warm_up(self) -> None:
+    """Compiles the exchange with the center (its result is dropped)."""
+    if "exchange" in self.programs.fns:
+      jax.block_until_ready(self.programs.exchange(self.server, self.workers[0]))
+
+  def _update(self, w: int) -> list[int]:
+    ended = super()._update(w)
+    for step in ended:
+      cut = {"server": self.server, "clocks": tuple(self.clocks), "means": self.means,
+             "workers": [None] * self.m}
+      if step in self.observed:
+        for v in range(self.m):
+          self.owed[v].append(step)
+      else:  # nothing to gather
+        cut["workers"] = None
+      self.cuts[step] = cut
+    return ended
+
+  def _owed(self, *workers: int) -> dict[int, list[int]]:
+    """The cuts `workers` owe, now to be deposited by the caller."""
+    owed = {w: self.owed[w] for w in workers if self.owed[w]}
+    for w in owed:
+      self.owed[w] = []
+    return owed
+
+  async def deposit(self, owed: dict[int, list[int]], states: dict[int, Any]) -> None:
+    """Each worker's model at the cuts it owed (its model before its next event)."""
+    for w, steps in owed.items():
+      for step in steps:
+        self.cuts[step]["workers"][w] = states[w]
+    await self._notify()
+
+  async def ticket(self, w: int, kind: str, iteration: int, peer: int = -1,
+             metrics: dict[str, float] | None = None):
+    """May worker w take its event `kind` now? (yes, the cuts it and `peer`
+    owe: the caller deposits their models as they are before the event).
+    Metrics: those of a gradient computed for the event; an "apply" or
+    "local" is an update, and counts towards the budget."""
+    owed = self._owed(w, *([peer] if peer >= 0 else []))
+    if self.finished:
+      return False, owed
+    self._event(kind, w, iteration=iteration, peer=peer)
+    if metrics is not None:
+      self._add(metrics)
+    if kind in ("apply", "local"):
+      self._update(w)
+      await self._notify()
+    return True, owed
+
+  async def stopped(self, w: int, state) -> None:
+    """Worker w has stopped, with its model `state`: its model at every cut it owes."""
+    await self.deposit(self._owed(w), {w: state})
+
+  async def exchange(self, w: int, c: int, worker):
+    """EASGD: worker w's model meets the center on arrival, after its local
+    step c. The worker's new model, or None once the run is over."""
+    await self.deposit(self._owed(w), {w: worker})
+    if self.finished:
+      return None
+    self.server, worker = self.programs.exchange(self.server, worker)
+    self._event("exchange", w, iteration=c)
+    self.bytes_total += 2 * _nbytes(worker)
+    return jax.device_get(worker)
+
+  async def pair(self, w: int, peer: int, c: int) -> bool:
+    """AD-PSGD: takes workers w and `peer` for an average, once neither is in
+    another; False once the run is over."""
+    since = self._now()
+    async with self.changed:
+      await self.changed.wait_for(
+          lambda: self.finished or not {w, peer} & self.paired)
+    if self.finished:
+      return False
+    if self._now() > since:
+      self._event("wait", w, iteration=c, duration=self._now() - since)
+    self.paired |= {w, peer}
+    return True
+
+  async def unpair(self, w: int, peer: int, nbytes: int) -> None:
+    self.paired -= {w, peer}
+    self.bytes_total += nbytes
+    await self._notify()
+
+  def _complete(self, step: int) -> bool:
+    cut = self.cuts.get(step)
+    return cut is not None and (cut["workers"] is None or
+                                all(x is not None for x in cut["workers"]))
+
+  def _take_snapshot(self, step: int):
+    cut = self.cuts.pop(step)
+    if cut["workers"] is None:
+      return None, cut["means"]
+    return self.state(cut["server"], cut["workers"], cut["clocks"]), cut["means"]
+
+
+class Peer:
+  """A worker that keeps its own model (easgd, ad_psgd): a threaded actor,
+  its own loop in one thread while peers' averages arrive in others; a lock
+  makes each event on its model whole."""
+
+  def __init__(self, config, task, worker: int, coordinator):
+    built = _built(config, task)
+    self.w, self.coordinator, self.streams = worker, coordinator, built.streams
+    self.algorithm, self.seed = built.algorithm, config.train.seed
+    self.programs = EventPrograms(built.algorithm, built.streams)
+    self.lock = threading.Lock()
+    self.state = None
+
+  def identity(self) -> dict[str, Any]:
+    return process_identity(f"worker {self.w}")
+
+  def warm_up(self, state) -> None:
+    """Compiles the worker's programs on its first batch (the results are dropped)."""
+    p, batch = self.programs, one_batch(self.streams, self.w, 0)
+    if "local" in p.fns:
+      jax.block_until_ready(p.local(state, batch))
+    else:
+      worker, _ = p.compute(p.pull((), state, np.float32(0.0)), batch)
+      jax.block_until_ready((p.apply((), worker, np.float32(0.0)), p.pair(worker, worker)))
+
+  def _ask(self, w: int, kind: str, c: int, peer: int = -1, metrics=None,
+           models=None) -> bool:
+    """Asks for worker w's event (holding the lock), and deposits the models
+    at the cuts owed: `models`, each worker's before the event (unset: this
+    worker's own)."""
+    import ray
+    granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics))
+    if owed:
+      models = models or {self.w: self.state}
+      ray.get(self.coordinator.deposit.remote(
+          owed, {v: jax.device_get(models[v]) for v in owed}))
+    return granted
+
+  def run(self, state, clock: int, peers: list) -> int:
+    """Works from `state` at its clock until the run is over; the number of
+    updates it made. `peers`: every worker's actor, for AD-PSGD."""
+    import ray
+    self.state = state
+    run = self._elastic if isinstance(self.algorithm, Elastic) else self._decentralized
+    updates = run(clock, peers)
+    with self.lock:
+      ray.get(self.coordinator.stopped.remote(self.w, jax.device_get(self.state)))
+    return updates
+
+  def _elastic(self, c: int, peers) -> int:
+    import ray
+    p, start, period = self.programs, c, self.algorithm.period
+    while True:
+      with self.lock:
+        new, shares = p.local(self.state, one_batch(self.streams, self.w, c))
+        if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares))):
+          return c - start
+        self.state = new
+      c += 1
+      if c % period == 0:  # the worker waits for the center's reply
+        with self.lock:
+          new = ray.get(self.coordinator.exchange.remote(self.w, c - 1,
+                                                        jax.device_get(self.state)))
+          if new is None:
+            return c - start
+          self.state = new
+
+  def _decentralized(self, c: int, peers) -> int:
+    import ray
+    p, start, none = self.programs, c, np.float32(0.0)
+    while True:
+      with self.lock:  # the snapshot and its gradient: one event
+        new, shares = p.compute(p.pull((), self.state, none), one_batch(self.streams, self.w, c))
+        if not self._ask(self.w, "pull", c, metrics=p.means(self.w, jax.device_get(shares))):
+          return c - start
+        self.state = new
+      if len(peers) > 1:  # a uniformly random other worker, the same in every run
+        k = int(np.random.default_rng([self.seed, self.w, c]).integers(len(peers) - 1))
+        k += k >= self.w
+        if not ray.get(self.coordinator.pair.remote(self.w, k, c)):
+          return c - start
+        mine = jax.device_get(self.state)
+        averaged = ray.get(peers[k].average.remote(self.w, c, mine))
+        if averaged is not None:
+          self.state = averaged
+        ray.get(self.coordinator.unpair.remote(self.w, k, 2 * _nbytes(mine)))
+        if averaged is None:
+          return c - start
+      with self.lock:
+        if not self._ask(self.w, "apply", c):
+          return c - start
+        self.state = p.apply((), self.state, none)[1]
+      c += 1
+
+  def average(self, w: int, c: int, worker):
+    """AD-PSGD: worker w (after its iteration c's gradient) averages with this
+    one, atomically; w's new model, or None once the run is over."""
+    with self.lock:
+      if not self._ask(w, "average", c, self.w, models={w: worker, self.w: self.state}):
+        return None
+      worker, self.state = self.programs.pair(worker, self.state)
+      return jax.device_get(worker)

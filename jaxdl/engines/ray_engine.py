@@ -25,11 +25,13 @@ import jax
 import numpy as np
 
 from jaxdl import trace
-from jaxdl.algorithms import Centralized, Problem, Shape
+from jaxdl.algorithms import Centralized, Decentralized, Elastic, Problem, Shape
+from jaxdl.algorithms.shapes import has_server
+from jaxdl.build import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import take
-from jaxdl.engines.ray_actors import Server, Worker
+from jaxdl.engines.ray_actors import Coordinator, Peer, Server, Worker
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
@@ -101,9 +103,12 @@ def _by_value(task) -> None:
 
 
 class RayEngine(base.LocalProcess):
-  """Runs a centralized algorithm on a Ray server actor and M worker actors."""
+  """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
+  a parameter server that keeps every worker's state (centralized), or a
+  coordinator of workers that keep their own models (EASGD's center is at
+  the coordinator; AD-PSGD's workers average with each other directly)."""
   name = "ray"
-  shapes = (Centralized,)
+  shapes = (Centralized, Elastic, Decentralized)
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
@@ -116,10 +121,23 @@ class RayEngine(base.LocalProcess):
       _by_value(self.task)
     self.started = connect(config.distributed.ray_address)
     self._ray = ray
-    self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(
-        max_concurrency=max(64, 4 * self.num_workers)).remote(config, self.task)
-    self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(Worker).remote(
-        config, self.task, w, self.server) for w in range(self.num_workers)]
+    # A parameter server's workers hold nothing between iterations: Ray
+    # restarts one whose process died. Others' models die with their process.
+    self.centralized = isinstance(algorithm, Centralized)
+    concurrency = max(64, 4 * self.num_workers)
+    if self.centralized:
+      self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(
+          max_concurrency=concurrency).remote(config, self.task)
+      self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(Worker).remote(
+          config, self.task, w, self.server) for w in range(self.num_workers)]
+    else:
+      cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+      observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
+      self.server = ray.remote(num_cpus=0, max_restarts=0)(Coordinator).options(
+          max_concurrency=concurrency).remote(config, self.task, observed)
+      self.workers = [ray.remote(num_cpus=0, max_restarts=0)(Peer).options(
+          max_concurrency=4).remote(config, self.task, w, self.server)
+          for w in range(self.num_workers)]
     self.restarts = [0] * self.num_workers
     self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
     self.started_workers = False
@@ -148,6 +166,11 @@ class RayEngine(base.LocalProcess):
       try:
         ray.get(ready[0])  # returns once the run is over
       except ray.exceptions.RayActorError:  # died, or unavailable while it restarts
+        if not self.centralized:
+          raise RuntimeError(
+              f"worker {w}'s process died, and its model with it (only a parameter "
+              "server's workers are restarted); --resume continues the run from its last "
+              "checkpoint") from None
         self._restart(w)
 
   def _restart(self, w: int) -> None:
@@ -170,10 +193,16 @@ class RayEngine(base.LocalProcess):
   def step(self, state, step: int):
     if not self.started_workers:  # at the first step (after a restore, from it)
       self._get(self.server.begin.remote(state, step))
-      self.running = {worker.run.remote(): w for w, worker in enumerate(self.workers)}
+      if self.centralized:
+        runs = [worker.run.remote() for worker in self.workers]
+      else:
+        runs = [worker.run.remote(take(state[1], w), int(state[2][w]), self.workers)
+                for w, worker in enumerate(self.workers)]
+      self.running = dict(zip(runs, range(self.num_workers)))
       self.started_workers = True
-    state, means = self._get(self.server.step.remote(step))
-    return state, {k: np.float32(v) for k, v in means.items()}
+    new, means = self._get(self.server.step.remote(step))
+    # The state at a step whose end the runner does not read is not gathered.
+    return state if new is None else new, {k: np.float32(v) for k, v in means.items()}
 
   def _fetch_trace(self) -> None:
     if self.server is not None and not self.trace_final:
@@ -199,7 +228,9 @@ class RayEngine(base.LocalProcess):
 
   def evaluated(self, state):
     server, workers, _ = state
-    return jax.device_get(self.algorithm.evaluated(server, workers))
+    if has_server(self.algorithm):
+      return jax.device_get(self.algorithm.evaluated(server, workers))
+    return jax.device_get(self.algorithm.evaluated(workers))
 
   def jitted_functions(self) -> list:
     return []

@@ -78,6 +78,46 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
   assert replayed["test_accuracy"] == ray_run["test_accuracy"]
 
 
+@pytest.mark.parametrize("name,settings", [
+    ("ad_psgd", {}), pytest.param("easgd", {"communication_period": 2}, marks=pytest.mark.slow)])
+def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp_path, name,
+                                                                settings):
+  """EASGD (the center at the coordinator) and AD-PSGD (workers averaging
+  with each other directly, each in one average at a time): every update of
+  the budget is in the trace, each worker's events in its own order, and the
+  sim's replay gives the same parameters, bit for bit, at the end and at the
+  checkpoint halfway (a consistent cut of the workers' models)."""
+  m = 3
+  config = RunConfig.make(algorithm=name, engine="ray", workers=m, out=str(tmp_path / "ray"),
+                          checkpoint_every=6, **settings, **RUN)
+  ray_run = jaxdl.run(config)
+  assert ray_run["status"] == "completed" and ray_run["test_accuracy"] > 0.3
+  events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
+  update = "local" if name == "easgd" else "apply"
+  updates = [e for e in events if e.kind == update]
+  assert len(updates) == 12 * m and {e.worker for e in updates} == set(range(m))
+  # each worker's events in its program's order
+  order = (["local", "exchange"] if name == "easgd" else ["pull", "average", "apply"])
+  for w in range(m):
+    own = [(e.iteration, order.index(e.kind)) for e in events
+           if e.worker == w and e.kind in order]
+    assert own == sorted(own) and len(own) == len(set(own))
+    if name == "ad_psgd":  # one average per iteration, with another worker
+      assert all(e.peer not in (w, -1) for e in events if e.worker == w and e.kind == "average")
+      assert [i for i, k in own if k == 1] == [i for i, k in own if k == 2]
+    else:  # an exchange after every second local step (but one the run's end cut off)
+      exchanges = [i for i, k in own if k == 1]
+      second = [i for i, k in own if k == 0 and i % 2 == 1]
+      assert exchanges == second[:len(exchanges)] and len(second) - len(exchanges) <= 1
+  replayed = _replayed(tmp_path)
+  assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
+  assert replayed["model_state_fingerprint"] == ray_run["model_state_fingerprint"]
+  # the state at step 6, as the driver gathered it, is the replay's there
+  at_6 = [next(r for r in map(json.loads, (tmp_path / run / "metrics.jsonl").open())
+               if r["step"] == 6) for run in ("ray", "sim")]
+  assert at_6[0]["test_loss"] == at_6[1]["test_loss"]
+
+
 @pytest.mark.parametrize("bound", [0, 2])
 def test_the_server_enforces_ssp_bound_between_real_processes(ray_instance, tmp_path, bound):
   m = 3
@@ -134,7 +174,7 @@ def test_a_local_instance_listens_on_the_loopback_address_only(tmp_path):
 
 def test_ray_refuses_what_it_cannot_run():
   with pytest.raises(ConfigError, match=r"--engine='ray' is not valid: one of auto, "):
-    validate(RunConfig.make(algorithm="easgd", engine="ray", workers=2))
+    validate(RunConfig.make(algorithm="gosgd", engine="ray", workers=2))
   with pytest.raises(ConfigError, match="--ray-address='localhost:1' is not valid: left unset "
                      "with --engine sim"):
     validate(RunConfig.make(algorithm="asp", engine="sim", workers=2,
