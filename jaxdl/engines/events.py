@@ -90,10 +90,6 @@ class EventPrograms:
     return list(self.fns.values())
 
 
-REPLAYED = (Centralized, Elastic, Decentralized)
-"""The shapes whose real runs replay event by event."""
-
-
 class EventReplay:
   """Runs a trace's events one at a time with `EventPrograms` (the sim
   engine's "events" batching): the math a real engine's processes ran, in
@@ -103,22 +99,25 @@ class EventReplay:
   a centralized one on the worker's pulled state when its push is applied
   (it depends on nothing else); AD-PSGD's at its "pull" (the snapshot and
   its gradient are one event); a local step at its "local" event. A step's
-  metrics are those of the gradients computed in it.
+  metrics are those of the gradients computed in it. GoSGD's messages in
+  flight are the server's place, stacked over slots (the sim engine's
+  state): `slots`, each event's slot (jaxdl.engines.sim.plan.message_slots).
   """
 
   def __init__(self, algorithm: Shape, streams: Streams):
-    if not isinstance(algorithm, REPLAYED):
-      raise TypeError(f"no event replay for {type(algorithm).__name__} yet")
+    if not isinstance(algorithm, (Centralized, Elastic, Gossip, Decentralized)):
+      raise TypeError(f"no event replay for {type(algorithm).__name__}")
     self.programs = EventPrograms(algorithm, streams)
     self.streams = streams
 
-  def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str]):
+  def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str],
+               slots: Sequence[int] = ()):
     """(server, workers, (metric sums, count)) after `events`."""
     sums, count = {k: 0.0 for k in metric_names}, 0
     p, algorithm, none = self.programs, self.programs.algorithm, np.float32(0.0)
     centralized = isinstance(algorithm, Centralized)
     put = lambda states, w, v: jax.tree.map(lambda x, y: x.at[w].set(y), states, v)
-    for e in events:
+    for i, e in enumerate(events):
       if e.kind in ("wait", "restart"):  # no math
         continue
       w, shares = e.worker, None
@@ -137,6 +136,11 @@ class EventReplay:
         worker, shares = p.local(worker, batch())
       elif e.kind == "exchange":
         server, worker = p.exchange(server, worker)
+      elif e.kind == "send":
+        worker, message = p.send(worker)
+        server = put(server, slots[i], message)
+      elif e.kind == "gossip":  # the receiver changes
+        w, worker = e.peer, p.receive(take(workers, e.peer), take(server, slots[i]))
       elif e.kind == "average":
         worker, peer = p.pair(worker, take(workers, e.peer))
         workers = put(workers, e.peer, peer)

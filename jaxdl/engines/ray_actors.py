@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdl.algorithms import Elastic
+from jaxdl.algorithms import Elastic, Gossip
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, initial_state, one_batch, stack, take
 from jaxdl.trace import Event
@@ -253,7 +253,7 @@ class Worker:
 
 class Coordinator(_Ledger):
   """The central actor of an algorithm whose workers keep their own models
-  (easgd, ad_psgd). It grants each worker's next event, so the events have
+  (easgd, gosgd, ad_psgd). It grants each worker's next event, so the events have
   one order, the trace's: a worker asks before each event (holding its
   model), and once the run is over the answer is no. It holds EASGD's center
   and applies each exchange on arrival, and pairs AD-PSGD's workers (a
@@ -306,17 +306,20 @@ class Coordinator(_Ledger):
     await self._notify()
 
   async def ticket(self, w: int, kind: str, iteration: int, peer: int = -1,
-             metrics: dict[str, float] | None = None):
-    """May worker w take its event `kind` now? (yes, the cuts it and `peer`
-    owe: the caller deposits their models as they are before the event).
-    Metrics: those of a gradient computed for the event; an "apply" or
-    "local" is an update, and counts towards the budget."""
-    owed = self._owed(w, *([peer] if peer >= 0 else []))
+                   metrics: dict[str, float] | None = None, nbytes: int = 0):
+    """May worker w take its event `kind` now? (yes, the cuts owed by the
+    workers the event changes: the caller deposits their models as they are
+    before it). A "gossip" changes only its receiver, `peer`; an "average"
+    both. Metrics: those of a gradient computed for the event; an "apply"
+    or "local" is an update, and counts towards the budget."""
+    owed = self._owed(*{"average": (w, peer), "gossip": (peer,)}.get(kind, (w,)))
     if self.finished:
       return False, owed
     self._event(kind, w, iteration=iteration, peer=peer)
     if metrics is not None:
       self._add(metrics)
+    if kind == "send":  # GoSGD: the message, at its sending
+      self.bytes_total += nbytes
     if kind in ("apply", "local"):
       self._update(w)
       await self._notify()
@@ -369,9 +372,9 @@ class Coordinator(_Ledger):
 
 
 class Peer:
-  """A worker that keeps its own model (easgd, ad_psgd): a threaded actor,
-  its own loop in one thread while peers' averages arrive in others; a lock
-  makes each event on its model whole."""
+  """A worker that keeps its own model (easgd, gosgd, ad_psgd): a threaded
+  actor, its own loop in one thread while peers' messages and averages
+  arrive in others; a lock makes each event on its model whole."""
 
   def __init__(self, config, task, worker: int, coordinator):
     built = _built(config, task)
@@ -387,19 +390,22 @@ class Peer:
   def warm_up(self, state) -> None:
     """Compiles the worker's programs on its first batch (the results are dropped)."""
     p, batch = self.programs, one_batch(self.streams, self.w, 0)
-    if "local" in p.fns:
+    if "send" in p.fns:
+      worker, message = p.send(p.local(state, batch)[0])
+      jax.block_until_ready(p.receive(worker, message))
+    elif "local" in p.fns:
       jax.block_until_ready(p.local(state, batch))
     else:
       worker, _ = p.compute(p.pull((), state, np.float32(0.0)), batch)
       jax.block_until_ready((p.apply((), worker, np.float32(0.0)), p.pair(worker, worker)))
 
   def _ask(self, w: int, kind: str, c: int, peer: int = -1, metrics=None,
-           models=None) -> bool:
+           models=None, nbytes: int = 0) -> bool:
     """Asks for worker w's event (holding the lock), and deposits the models
     at the cuts owed: `models`, each worker's before the event (unset: this
     worker's own)."""
     import ray
-    granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics))
+    granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics, nbytes))
     if owed:
       models = models or {self.w: self.state}
       ray.get(self.coordinator.deposit.remote(
@@ -411,29 +417,68 @@ class Peer:
     updates it made. `peers`: every worker's actor, for AD-PSGD."""
     import ray
     self.state = state
-    run = self._elastic if isinstance(self.algorithm, Elastic) else self._decentralized
+    run = {Elastic: self._elastic, Gossip: self._gossip}.get(type(self.algorithm),
+                                                             self._decentralized)
     updates = run(clock, peers)
     with self.lock:
       ray.get(self.coordinator.stopped.remote(self.w, jax.device_get(self.state)))
     return updates
 
+  def _local(self, c: int) -> bool:
+    """Local step c on its own model, if the run is not over."""
+    with self.lock:
+      p = self.programs
+      new, shares = p.local(self.state, one_batch(self.streams, self.w, c))
+      if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares))):
+        return False
+      self.state = new
+      return True
+
+  def _other(self, rng: np.random.Generator, m: int) -> int:
+    """A uniformly random other worker."""
+    k = int(rng.integers(m - 1))
+    return k + (k >= self.w)
+
   def _elastic(self, c: int, peers) -> int:
     import ray
-    p, start, period = self.programs, c, self.algorithm.period
-    while True:
-      with self.lock:
-        new, shares = p.local(self.state, one_batch(self.streams, self.w, c))
-        if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares))):
-          return c - start
-        self.state = new
+    start, period = c, self.algorithm.period
+    while self._local(c):
       c += 1
       if c % period == 0:  # the worker waits for the center's reply
         with self.lock:
           new = ray.get(self.coordinator.exchange.remote(self.w, c - 1,
                                                         jax.device_get(self.state)))
           if new is None:
-            return c - start
+            break
           self.state = new
+    return c - start
+
+  def _gossip(self, c: int, peers) -> int:
+    """GoSGD: after each local step, with probability p, a message to a
+    random peer; the worker goes on at once, the peer merges it on arrival
+    (the draws are the same in every run)."""
+    import ray
+    start, p, sent = c, self.algorithm.probability, []
+    while self._local(c):
+      c += 1
+      rng = np.random.default_rng([self.seed, self.w, c - 1])
+      if len(peers) > 1 and rng.random() < p:
+        k = self._other(rng, len(peers))
+        with self.lock:
+          new, message = self.programs.send(self.state)
+          message = jax.device_get(message)
+          if not self._ask(self.w, "send", c - 1, k, nbytes=_nbytes(message)):
+            break
+          self.state = new
+        sent.append(peers[k].receive.remote(self.w, c - 1, message))  # the worker goes on
+    ray.get(sent)  # a receiver's error is raised here
+    return c - start
+
+  def receive(self, w: int, c: int, message) -> None:
+    """GoSGD: worker w's message of its step c arrives; merged as sent."""
+    with self.lock:
+      if self._ask(w, "gossip", c, self.w, models={self.w: self.state}):
+        self.state = self.programs.receive(self.state, message)
 
   def _decentralized(self, c: int, peers) -> int:
     import ray
@@ -445,8 +490,7 @@ class Peer:
           return c - start
         self.state = new
       if len(peers) > 1:  # a uniformly random other worker, the same in every run
-        k = int(np.random.default_rng([self.seed, self.w, c]).integers(len(peers) - 1))
-        k += k >= self.w
+        k = self._other(np.random.default_rng([self.seed, self.w, c]), len(peers))
         if not ray.get(self.coordinator.pair.remote(self.w, k, c)):
           return c - start
         mine = jax.device_get(self.state)

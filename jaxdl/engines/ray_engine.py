@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from jaxdl import trace
-from jaxdl.algorithms import Centralized, Decentralized, Elastic, Problem, Shape
+from jaxdl.algorithms import Centralized, Decentralized, Elastic, Gossip, Problem, Shape
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
@@ -106,9 +106,9 @@ class RayEngine(base.LocalProcess):
   """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
   a parameter server that keeps every worker's state (centralized), or a
   coordinator of workers that keep their own models (EASGD's center is at
-  the coordinator; AD-PSGD's workers average with each other directly)."""
+  the coordinator; GoSGD's messages and AD-PSGD's averages go worker to worker)."""
   name = "ray"
-  shapes = (Centralized, Elastic, Decentralized)
+  shapes = (Centralized, Elastic, Gossip, Decentralized)
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
@@ -227,7 +227,8 @@ class RayEngine(base.LocalProcess):
     return base.algorithm_report(self.algorithm, state[0])
 
   def evaluated(self, state):
-    server, workers, _ = state
+    # as device arrays, as the sim engine's: numpy would round its own way
+    server, workers, _ = jax.device_put(state)
     if has_server(self.algorithm):
       return jax.device_get(self.algorithm.evaluated(server, workers))
     return jax.device_get(self.algorithm.evaluated(workers))

@@ -5,6 +5,7 @@ authentication off: a test's own instance only); a real run's trace replays
 on the sim engine to the same parameters, bit for bit."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,25 +80,28 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
 
 
 @pytest.mark.parametrize("name,settings", [
-    ("ad_psgd", {}), pytest.param("easgd", {"communication_period": 2}, marks=pytest.mark.slow)])
+    ("ad_psgd", {}), ("gosgd", {"gossip_probability": 0.5}),
+    pytest.param("easgd", {"communication_period": 2}, marks=pytest.mark.slow)])
 def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp_path, name,
                                                                 settings):
-  """EASGD (the center at the coordinator) and AD-PSGD (workers averaging
-  with each other directly, each in one average at a time): every update of
-  the budget is in the trace, each worker's events in its own order, and the
-  sim's replay gives the same parameters, bit for bit, at the end and at the
-  checkpoint halfway (a consistent cut of the workers' models)."""
+  """EASGD (the center at the coordinator), GoSGD (messages from worker to
+  worker, merged on arrival) and AD-PSGD (workers averaging with each other
+  directly, each in one average at a time): every update of the budget is
+  in the trace, each worker's events in its own order, and the sim's replay
+  gives the same parameters, bit for bit, at the end and at the checkpoint
+  halfway (a consistent cut of the workers' models)."""
   m = 3
   config = RunConfig.make(algorithm=name, engine="ray", workers=m, out=str(tmp_path / "ray"),
                           checkpoint_every=6, **settings, **RUN)
   ray_run = jaxdl.run(config)
   assert ray_run["status"] == "completed" and ray_run["test_accuracy"] > 0.3
   events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
-  update = "local" if name == "easgd" else "apply"
+  update = "apply" if name == "ad_psgd" else "local"
   updates = [e for e in events if e.kind == update]
   assert len(updates) == 12 * m and {e.worker for e in updates} == set(range(m))
   # each worker's events in its program's order
-  order = (["local", "exchange"] if name == "easgd" else ["pull", "average", "apply"])
+  order = {"easgd": ["local", "exchange"], "gosgd": ["local", "send"]}.get(
+      name, ["pull", "average", "apply"])
   for w in range(m):
     own = [(e.iteration, order.index(e.kind)) for e in events
            if e.worker == w and e.kind in order]
@@ -105,6 +109,14 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
     if name == "ad_psgd":  # one average per iteration, with another worker
       assert all(e.peer not in (w, -1) for e in events if e.worker == w and e.kind == "average")
       assert [i for i, k in own if k == 1] == [i for i, k in own if k == 2]
+    elif name == "gosgd":  # a message after a local step, to another worker, merged once
+      sent = [(e.iteration, e.peer) for e in events if e.worker == w and e.kind == "send"]
+      assert all(("local", i) in {(e.kind, e.iteration) for e in events if e.worker == w}
+                 and k != w for i, k in sent)
+      merged = [(e.iteration, e.peer) for e in events if e.worker == w and e.kind == "gossip"]
+      assert set(merged) <= set(sent) and len(set(merged)) == len(merged)
+      at = {(e.kind, e.iteration): i for i, e in enumerate(events) if e.worker == w}
+      assert all(at["send", i] < at["gossip", i] for i, _ in merged)
     else:  # an exchange after every second local step (but one the run's end cut off)
       exchanges = [i for i, k in own if k == 1]
       second = [i for i, k in own if k == 0 and i % 2 == 1]
@@ -116,6 +128,22 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
   at_6 = [next(r for r in map(json.loads, (tmp_path / run / "metrics.jsonl").open())
                if r["step"] == 6) for run in ("ray", "sim")]
   assert at_6[0]["test_loss"] == at_6[1]["test_loss"]
+
+
+def test_a_resumed_gossip_run_replays_bit_for_bit(ray_instance, tmp_path):
+  """GoSGD resumed from its checkpoint at step 6 (the last one removed):
+  the messages in flight there are not in the checkpoint, and the trace of
+  both runs together, which records their sending and no arrival, replays
+  to the resumed run's parameters."""
+  config = RunConfig.make(algorithm="gosgd", engine="ray", workers=3, gossip_probability=1.0,
+                          out=str(tmp_path / "ray"), checkpoint_every=6, **RUN)
+  jaxdl.run(config)
+  shutil.rmtree(tmp_path / "ray" / "checkpoints" / "12")
+  resumed = jaxdl.run(config.replace(resume=True))  # a new real run from step 6 on
+  assert resumed["status"] == "completed"
+  events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
+  assert sum(e.kind == "local" for e in events) == 12 * 3
+  assert _replayed(tmp_path)["params_fingerprint"] == resumed["params_fingerprint"]
 
 
 @pytest.mark.parametrize("bound", [0, 2])
@@ -174,7 +202,7 @@ def test_a_local_instance_listens_on_the_loopback_address_only(tmp_path):
 
 def test_ray_refuses_what_it_cannot_run():
   with pytest.raises(ConfigError, match=r"--engine='ray' is not valid: one of auto, "):
-    validate(RunConfig.make(algorithm="gosgd", engine="ray", workers=2))
+    validate(RunConfig.make(algorithm="bsp", engine="ray", workers=2))
   with pytest.raises(ConfigError, match="--ray-address='localhost:1' is not valid: left unset "
                      "with --engine sim"):
     validate(RunConfig.make(algorithm="asp", engine="sim", workers=2,

@@ -212,9 +212,10 @@ class SimEngine(base.LocalProcess):
     iteration, computed = np.array(state.iteration), np.array(state.computed)
     end = self.step_ends[step]
     if self.batching == "events":
+      start = int(state.position)
       server, workers, (sums, count) = self.runner(
-          state.server, state.workers, self.events[int(state.position):end + 1],
-          self.metric_names)
+          state.server, state.workers, self.events[start:end + 1], self.metric_names,
+          self.slots[start:end + 1])
       return (SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)),
               {k: v / count for k, v in sums.items()})
     ops = planning.plan(self.events, int(state.position), end, iteration, computed,
