@@ -514,3 +514,59 @@ class Peer:
         return None
       worker, self.state = self.programs.pair(worker, self.state)
       return jax.device_get(worker)
+
+
+class Process:
+  """One process of a collective algorithm's run (bsp, ar_sgd, local_sgd):
+  a jax.distributed process with one device and one worker, running the
+  mesh engine's step (the algorithm's own, its collectives across the
+  processes) in step with the others."""
+
+  def __init__(self, config, task, index: int, count: int):
+    self.config, self.task, self.index, self.count = config, task, index, count
+
+  def identity(self) -> dict[str, Any]:
+    return process_identity(f"worker {self.index}")
+
+  def address(self) -> str:
+    """Process 0: a free address on its host for the processes' coordinator."""
+    import socket as sockets
+
+    import ray
+    host = ray.util.get_node_ip_address()
+    with sockets.socket() as s:
+      s.bind((host, 0))
+      return f"{host}:{s.getsockname()[1]}"
+
+  def join(self, address: str, timeout_s: float) -> None:
+    """Joins the run's other processes at `address`, then builds the engine."""
+    jax.distributed.initialize(address, num_processes=self.count, process_id=self.index,
+                               initialization_timeout=max(1, round(timeout_s)),
+                               coordinator_bind_address=address if self.index == 0 else None)
+    from jaxdl.engines.mesh import MeshEngine  # imports jax's devices: after initialize
+    built = _built(self.config, self.task)
+    self.engine = MeshEngine(built.algorithm, built.problem, built.streams, self.config)
+
+  def init(self, key_data: np.ndarray) -> None:
+    """The state at step 0, from the run's key (compiles the step too)."""
+    self.state = self.engine.init(jax.random.wrap_key_data(np.asarray(key_data)))
+
+  def begin(self, state) -> None:
+    """Continues from a checkpoint's state (host arrays)."""
+    put = lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda i: np.asarray(x)[i])
+    shardings = jax.tree.map(lambda x: x.sharding, self.state)
+    self.state = jax.tree.map(put, state, shardings)
+
+  def step(self, step: int, gather: bool):
+    """Takes step `step` with the others: (metrics, the state as host arrays
+    if `gather`) on process 0 (gathering is a collective: all take part)."""
+    from jaxdl.distributed import host_copy
+    self.state, metrics = self.engine.step(self.state, step)
+    metrics, state = host_copy((metrics, self.state if gather else None))
+    return (metrics, state) if self.index == 0 else None
+
+  def state(self):
+    """The state as host arrays, on process 0 (a collective: all take part)."""
+    from jaxdl.distributed import host_copy
+    state = host_copy(self.state)
+    return state if self.index == 0 else None

@@ -25,13 +25,14 @@ import jax
 import numpy as np
 
 from jaxdl import trace
-from jaxdl.algorithms import Centralized, Decentralized, Elastic, Gossip, Problem, Shape
+from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, Gossip, Problem,
+                              Shape)
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import take
-from jaxdl.engines.ray_actors import Coordinator, Peer, Server, Worker
+from jaxdl.engines.ray_actors import Coordinator, Peer, Process, Server, Worker
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
@@ -102,16 +103,12 @@ def _by_value(task) -> None:
       cloudpickle.register_pickle_by_value(sys.modules[name])
 
 
-class RayEngine(base.LocalProcess):
-  """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
-  a parameter server that keeps every worker's state (centralized), or a
-  coordinator of workers that keep their own models (EASGD's center is at
-  the coordinator; GoSGD's messages and AD-PSGD's averages go worker to worker)."""
+class _RayRun(base.LocalProcess):
+  """What every ray run has: the connection to Ray, the task sent to the
+  actors, the actors (`server`, `workers`) and their end."""
   name = "ray"
-  shapes = (Centralized, Elastic, Gossip, Decentralized)
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
-               config, total_steps: int):
+  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams, config):
     import ray
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
@@ -121,6 +118,44 @@ class RayEngine(base.LocalProcess):
       _by_value(self.task)
     self.started = connect(config.distributed.ray_address)
     self._ray = ray
+    self.server, self.workers = None, []
+
+  def jitted_functions(self) -> list:
+    return []
+
+  def processes(self) -> list[dict[str, Any]]:
+    actors = [a for a in [self.server, *self.workers] if a is not None]
+    return [base.process_identity("driver")] + self._ray.get(
+        [a.identity.remote() for a in actors])
+
+  def close(self) -> None:
+    """Stops every actor (and a local Ray instance this engine started)."""
+    ray = self._ray
+    for actor in [self.server, *(self.workers or [])]:
+      if actor is not None:
+        ray.kill(actor)
+    self.server, self.workers = None, None
+    if self.started and ray.is_initialized():
+      ray.shutdown()
+
+
+class RayEngine(_RayRun):
+  """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
+  a parameter server that keeps every worker's state (centralized), or a
+  coordinator of workers that keep their own models (EASGD's center is at
+  the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
+  worker). A collective algorithm runs as `RayCollective`."""
+  shapes = (Collective, Centralized, Elastic, Gossip, Decentralized)
+
+  def __new__(cls, algorithm: Shape, *args, **kwargs):
+    if isinstance(algorithm, Collective):
+      return RayCollective(algorithm, *args, **kwargs)
+    return super().__new__(cls)
+
+  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+               config, total_steps: int):
+    super().__init__(algorithm, problem, streams, config)
+    ray = self._ray
     # A parameter server's workers hold nothing between iterations: Ray
     # restarts one whose process died. Others' models die with their process.
     self.centralized = isinstance(algorithm, Centralized)
@@ -233,19 +268,69 @@ class RayEngine(base.LocalProcess):
       return jax.device_get(self.algorithm.evaluated(server, workers))
     return jax.device_get(self.algorithm.evaluated(workers))
 
-  def jitted_functions(self) -> list:
-    return []
 
-  def processes(self) -> list[dict[str, Any]]:
-    return [base.process_identity("driver")] + self._ray.get(
-        [a.identity.remote() for a in [self.server, *self.workers]])
+class RayCollective(_RayRun):
+  """A collective algorithm (bsp, ar_sgd, local_sgd) on M processes that
+  jax.distributed joins, one device and one worker each (`ray_actors.Process`):
+  each runs the mesh engine's step, the algorithm's collectives across the
+  processes (gloo on CPUs). The driver steps them together and gathers the
+  state at the steps the runner reads."""
+  shapes = (Collective,)
 
-  def close(self) -> None:
-    """Stops every actor (and a local Ray instance this engine started)."""
-    ray = self._ray
-    for actor in [self.server, *(self.workers or [])]:
-      if actor is not None:
-        ray.kill(actor)
-    self.server, self.workers, self.running = None, None, {}
-    if self.started and ray.is_initialized():
-      ray.shutdown()
+  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+               config, total_steps: int):
+    from jaxdl.engines.mesh import MeshEngine
+    super().__init__(algorithm, problem, streams, config)
+    ray, m = self._ray, self.num_workers
+    env = {"XLA_FLAGS": one_device(os.environ.get("XLA_FLAGS", ""))}
+    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(Process).options(
+        runtime_env={"env_vars": env}).remote(config, self.task, w, m) for w in range(m)]
+    address = ray.get(self.workers[0].address.remote())
+    ray.get([p.join.remote(address, config.distributed.coordinator_timeout)
+             for p in self.workers])
+    self.cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+    self.layout = MeshEngine(algorithm, problem, streams, config)  # rows, evaluation
+    self.events: list[trace.Event] = []
+    self.begun = False
+
+  def _on_all(self, method: str, *args):
+    """Calls `method` on every process (together: it may be a collective);
+    process 0's reply."""
+    return self._ray.get([getattr(p, method).remote(*args) for p in self.workers])[0]
+
+  def init(self, key: jax.Array):
+    """The state at step 0 (every process has compiled its step)."""
+    self._on_all("init", np.asarray(jax.random.key_data(key)))
+    return self._on_all("state")
+
+  def step(self, state, step: int):
+    if not self.begun:
+      self.start, self.begun = time.perf_counter(), True
+      if step:  # from a checkpoint's state
+        self._on_all("begin", state)
+    self.events.append(trace.Event(time.perf_counter() - self.start, "step", -1, step))
+    # The state at a step whose end the runner does not read is not gathered.
+    gather = self.cadence.observes(step + 1)
+    metrics, new = self._on_all("step", step, gather)
+    return new if gather else state, metrics
+
+  def trace(self) -> list[trace.Event]:
+    return self.events
+
+  def figures(self) -> dict[str, Any]:
+    return base.figures(self.name, self.algorithm, self.problem, self.streams,
+                        devices=self.num_workers, workers_per_device=1,
+                        processes=self.num_workers + 1)  # and the driver
+
+  def report(self, state) -> dict[str, float]:
+    return {}
+
+  def evaluated(self, state):
+    return self.layout.evaluated(state)
+
+
+def one_device(xla_flags: str) -> str:
+  """XLA_FLAGS with one host device: a collective run's process holds one worker."""
+  kept = [f for f in xla_flags.split() if not f.startswith(
+      "--xla_force_host_platform_device_count")]
+  return " ".join(kept + ["--xla_force_host_platform_device_count=1"])

@@ -130,6 +130,27 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
   assert at_6[0]["test_loss"] == at_6[1]["test_loss"]
 
 
+@pytest.mark.parametrize("name", ["bsp", pytest.param("local_sgd", marks=pytest.mark.slow)])
+def test_a_collective_algorithm_on_processes_is_the_mesh_run(ray_instance, tmp_path, name):
+  """BSP on two processes that jax.distributed joins (the algorithm's own
+  step, its collectives across processes): the same parameters, bit for bit,
+  as the mesh engine's run on two devices of one process."""
+  config = RunConfig.make(algorithm=name, engine="ray", workers=2, out=str(tmp_path / "ray"),
+                          checkpoint_every=6, **RUN)
+  ray_run = jaxdl.run(config)
+  processes = json.loads((tmp_path / "ray" / "cluster.json").read_text())["processes"]
+  assert [p["role"] for p in processes] == ["driver", "worker 0", "worker 1"]
+  assert len({p["pid"] for p in processes}) == 3
+  mesh_run = jaxdl.run(config.replace(engine="mesh", out=str(tmp_path / "mesh")))
+  assert mesh_run["devices"] == 2 and ray_run["processes"] == 3
+  assert ray_run["params_fingerprint"] == mesh_run["params_fingerprint"]
+  assert ray_run["test_accuracy"] == mesh_run["test_accuracy"] > 0.5
+  # resumed from its checkpoint at step 6: the state goes back to the processes
+  shutil.rmtree(tmp_path / "ray" / "checkpoints" / "12")
+  resumed = jaxdl.run(config.replace(resume=True))
+  assert resumed["params_fingerprint"] == ray_run["params_fingerprint"]
+
+
 def test_a_resumed_gossip_run_replays_bit_for_bit(ray_instance, tmp_path):
   """GoSGD resumed from its checkpoint at step 6 (the last one removed):
   the messages in flight there are not in the checkpoint, and the trace of
@@ -201,8 +222,6 @@ def test_a_local_instance_listens_on_the_loopback_address_only(tmp_path):
 
 
 def test_ray_refuses_what_it_cannot_run():
-  with pytest.raises(ConfigError, match=r"--engine='ray' is not valid: one of auto, "):
-    validate(RunConfig.make(algorithm="bsp", engine="ray", workers=2))
   with pytest.raises(ConfigError, match="--ray-address='localhost:1' is not valid: left unset "
                      "with --engine sim"):
     validate(RunConfig.make(algorithm="asp", engine="sim", workers=2,
