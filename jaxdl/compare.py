@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
-from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig
+from jaxdl.config import RUN_CONTROL_FIELDS, SIMULATED_ONLY, RunConfig
 from jaxdl.errors import ConfigError, flag
 
 GRID_FILE, CELLS_FILE = "grid.json", "cells.json"
@@ -131,6 +131,12 @@ class Grid:
           out.append(new)
     return self.replace(variants=tuple(out))
 
+  @property
+  def measured(self) -> bool:
+    """Whether the cells run on real processes (--engine ray, mesh), whose
+    time is measured: they have no simulated network and no timing cells."""
+    return dict(self.run).get("engine", "sim") not in ("sim", "auto")
+
   def cells(self) -> list[Cell]:
     """Every cell, training cells first, in a fixed order (names are stable)."""
     labels = [v.label for v in self.variants]
@@ -146,8 +152,8 @@ class Grid:
         for net in self.networks:
           name = f"{v.label}-m{m}" + (f"-{net}" if many_networks else "")
           train.append(Cell(name, v.label, v.algorithm, m, net, False,
-                            {**base, "network": net}))
-        for net in self.timing_networks:
+                            base if self.measured else {**base, "network": net}))
+        for net in () if self.measured else self.timing_networks:
           if net not in self.networks:
             timing.append(Cell(f"{v.label}-m{m}-{net}-timing", v.label, v.algorithm, m, net,
                                True, {**base, "network": net, "dry_run": True}))
@@ -308,7 +314,19 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
     grid = grid.replace(timing_networks=tuple(args.timing_networks))
   if args.jobs < 0:
     raise ConfigError("jobs", args.jobs, "a number >= 0 (0: one per CPU core)")
-  return grid.with_run(**run_flags) if run_flags else grid
+  grid = grid.with_run(**run_flags) if run_flags else grid
+  if grid.measured:  # the simulated cluster's defaults do not apply
+    engine = dict(grid.run)["engine"]
+    for field, value in (("networks", args.networks), ("timing_networks", args.timing_networks),
+                         ("jobs", args.jobs if args.jobs > 1 else None)):
+      if value is not None:
+        allowed = ("1 (or 0)" if field == "jobs" else "left unset") + (
+            f" with --engine {engine}: its cells measure wall time on this machine"
+            + (", one at a time" if field == "jobs" else ", with no simulated network"))
+        raise ConfigError(field, value, allowed)
+    grid = grid.replace(run=tuple((k, v) for k, v in grid.run
+                                  if k not in SIMULATED_ONLY or k in run_flags))
+  return grid
 
 
 def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[str, str]:
@@ -502,7 +520,8 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   progress_bar = _Progress(cells, todo, progress, failed=len(invalid))
   for name, error in invalid.items():
     progress_bar.bar.write(f"cell {name} failed: {error}")
-  jobs = min(jobs or default_jobs(), max(1, len(todo)))
+  # Cells that measure wall time run one at a time.
+  jobs = 1 if grid.measured else min(jobs or default_jobs(), max(1, len(todo)))
   queue, pool, running = list(todo), None, {}
   try:
     while queue or running:

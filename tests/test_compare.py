@@ -1,11 +1,13 @@
 """`jaxdl compare`: grid expansion, parallel cells, resume, failed cells, bad input."""
 import json
+from pathlib import Path
 
 import pytest
 
 from jaxdl import compare
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, Grid, Variant
+from jaxdl.config import validate
 from jaxdl.errors import ConfigError
 
 
@@ -48,6 +50,19 @@ def test_default_grid_is_ipdps_and_lc_asgd_in_miniature():
   assert {c.network for c in timing} == {"56gbps"}
 
 
+def test_a_grid_on_real_processes_has_no_simulated_cluster():
+  grid = DEFAULT_GRID.with_run(engine="ray")
+  assert grid.measured and not DEFAULT_GRID.measured
+  cells = grid.cells()
+  assert not any(c.timing for c in cells) and all("network" not in c.overrides for c in cells)
+  from jaxdl.compare import CompareArgs, apply_args
+  grid = apply_args(DEFAULT_GRID, CompareArgs(), {"engine": "ray"})
+  assert dict(grid.run)["engine"] == "ray"
+  assert not {"compute_time", "jitter"} & set(dict(grid.run))  # the sim's defaults go
+  for cell in grid.cells():
+    validate(grid.config(cell, Path("out")))  # every algorithm has a ray form
+
+
 def test_setting_lists_expand_the_variants_they_apply_to():
   grid = Grid(variants=(Variant("asp"), Variant("ssp"), Variant("easgd")))
   grid = grid.with_setting("staleness_bound", (1, 5)).with_setting("communication_period", (2,))
@@ -64,6 +79,10 @@ def test_setting_lists_expand_the_variants_they_apply_to():
     (["--algorithms", "asp,sgd", "--staleness-bound", "3"], "--staleness-bound"),
     (["--algorithms", "ssp", "--staleness-bound", "-1"], "--staleness-bound"),
     (["--experiment", "experiments/none.py"], "--experiment"),
+    # real processes measure time: no simulated network, one cell at a time
+    (["--engine", "ray", "--networks", "1gbps"], "--networks"),
+    (["--engine", "ray", "--jobs", "2"], "--jobs"),
+    (["--engine", "ray", "--compute-time", "0.1"], "--compute-time"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, flag):
   out = tmp_path / "cmp"

@@ -405,3 +405,18 @@ def test_a_scripts_own_task_runs_on_ray_and_replays(ray_instance, tmp_path):
                                       replay=str(tmp_path / "ray" / "trace.jsonl")),
                        task=_regression_task())
   assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
+
+
+@pytest.mark.slow
+def test_compare_on_ray_gives_the_simulators_tables_with_measured_times(ray_instance,
+                                                                         tmp_path):
+  from jaxdl.cli import main
+  out = tmp_path / "cmp"
+  assert main(["compare", "--engine", "ray", "--algorithms", "sgd", "asp", "--workers", "2",
+               "--steps", "8", "--out", str(out), "--no-progress"]) == 0
+  report = (out / "report.md").read_text()
+  assert "### Test accuracy" in report and "| asp ×2 |" in report
+  for cell in ("sgd-m1", "asp-m2"):
+    summary = json.loads((out / cell / "summary.json").read_text())
+    assert summary["engine"] == "ray" and summary["samples_per_s"] > 0
+    assert "simulated_time_s" not in summary
