@@ -1,5 +1,6 @@
-"""Mean and spread of test accuracy (or error) over comparison directories
-that ran the same grid with different ``--seed``s.
+"""Mean and spread of the test metric (accuracy, error, or the task's own,
+e.g. nats per char) over comparison directories that ran the same grid with
+different ``--seed``s.
 
   python experiments/over_seeds.py runs/ipdps21_table3-mini runs/ipdps21_table3-mini-seed1 ...
   python experiments/over_seeds.py --error runs/lcasgd_table3-mini ...    # or --loss
@@ -41,8 +42,8 @@ def table(args: Args) -> str:
   for r in runs:
     got = {}
     for c in r.train:
-      if c.network == network and "test_accuracy" in c.summary:
-        a = c.summary["test_accuracy"]
+      if c.network == network and c.score is not None:
+        a = c.score
         got[c.variant, c.workers] = (c.summary["test_loss"] if args.loss else
                                      100 * (1 - a) if args.error else a)
     per_run.append(got)
@@ -73,7 +74,8 @@ def table(args: Args) -> str:
       n = f" (n={len(xs)})" if len(xs) != len(runs) else ""
       row.append(f"{statistics.mean(xs):{spec}} ± {sd:{spec}}{n}")
     rows.append(row)
-  what = "test loss" if args.loss else "test error %" if args.error else "test accuracy"
+  what = ("test loss" if args.loss else "test error %" if args.error else
+          report.metric_label(runs[0].metric).lower())
   if args.against:
     what += f" minus {args.against}'s, paired by seed"
   return (f"{what}, mean ± sd over {len(runs)} seeds ({network})\n\n"
