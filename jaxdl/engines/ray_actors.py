@@ -45,8 +45,12 @@ class _Ledger:
   the workers' clocks (updates so far); the budget of samples, and where each
   step ends (jaxdl.trace); each step's metric means."""
 
-  def __init__(self, config, task):
+  def __init__(self, config, task, observed: list[int]):
+    """`observed`: the steps at whose end the driver reads the state (the
+    runner's log, evaluation and checkpoint steps); at others it gets the
+    metrics alone."""
     built = _built(config, task)
+    self.observed = set(observed)
     self.algorithm, self.streams = built.algorithm, built.streams
     self.programs = EventPrograms(self.algorithm, self.streams)
     self.m, self.total = self.streams.num_workers, built.total_steps
@@ -141,8 +145,8 @@ class Server(_Ledger):
   keeps every worker's state: a worker's process holds nothing between
   iterations."""
 
-  def __init__(self, config, task):
-    super().__init__(config, task)
+  def __init__(self, config, task, observed: list[int]):
+    super().__init__(config, task, observed)
     self.bound = self.algorithm.staleness_bound
     self.incarnation = [0] * self.m  # a worker's restarts: older calls are dropped
     self.version = 0
@@ -198,7 +202,8 @@ class Server(_Ledger):
     self._add(metrics)
     for step in self._update(w):
       # The state's arrays as they are (immutable): stacked and copied when asked.
-      self.snapshots[step] = (self.server, tuple(self.workers), tuple(self.clocks), self.means)
+      self.snapshots[step] = ((self.server, tuple(self.workers), tuple(self.clocks))
+                              if step in self.observed else None, self.means)
     await self._notify()
     return None if self.finished else await self.pull(w, transfer_s, incarnation)
 
@@ -210,8 +215,8 @@ class Server(_Ledger):
     return step in self.snapshots
 
   def _take_snapshot(self, step: int):
-    *state, means = self.snapshots.pop(step)
-    return self.state(*state), means
+    state, means = self.snapshots.pop(step)
+    return None if state is None else self.state(*state), means
 
 
 class Worker:
@@ -267,8 +272,7 @@ class Coordinator(_Ledger):
   """
 
   def __init__(self, config, task, observed: list[int]):
-    super().__init__(config, task)
-    self.observed = set(observed)
+    super().__init__(config, task, observed)
     self.cuts: dict[int, dict] = {}  # step -> its cut, until the driver takes it
     self.owed: list[list[int]] = [[] for _ in range(self.m)]  # cuts a worker still owes
     self.paired: set[int] = set()

@@ -160,14 +160,15 @@ class RayEngine(_RayRun):
     # restarts one whose process died. Others' models die with their process.
     self.centralized = isinstance(algorithm, Centralized)
     concurrency = max(64, 4 * self.num_workers)
+    # The state travels to the driver only at the steps the runner reads it.
+    cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+    observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
     if self.centralized:
       self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(
-          max_concurrency=concurrency).remote(config, self.task)
+          max_concurrency=concurrency).remote(config, self.task, observed)
       self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(Worker).remote(
           config, self.task, w, self.server) for w in range(self.num_workers)]
     else:
-      cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
-      observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
       self.server = ray.remote(num_cpus=0, max_restarts=0)(Coordinator).options(
           max_concurrency=concurrency).remote(config, self.task, observed)
       self.workers = [ray.remote(num_cpus=0, max_restarts=0)(Peer).options(
