@@ -18,8 +18,8 @@ ENGINES.register("mesh", "SPMD over the device mesh: shard_map over devices, vma
                  "over each device's workers")(MeshEngine)
 ENGINES.register("sim", "a deterministic simulated cluster: the real math in the order "
                  "of a schedule from a cost model")(SimEngine)
-ENGINES.register("ray", "real processes: a Ray server actor and a worker actor per "
-                 "worker, on this machine or a cluster (--ray-address)")(RayEngine)
+ENGINES.register("ray", "real processes: a Ray actor per worker (and a server actor), "
+                 "on this machine or a cluster (--ray-address)")(RayEngine)
 
 
 def engines_for(shape: type) -> list[str]:

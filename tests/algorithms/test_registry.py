@@ -69,7 +69,7 @@ def test_list_shows_the_toy_and_its_setting(toy, capsys):
   assert main(["list"]) == 0
   lines = capsys.readouterr().out.splitlines()
   row = next(i for i, l in enumerate(lines) if l.split()[:1] == ["toy_sgd"])
-  assert "[collective; engines: mesh, sim]" in lines[row] and toy.doc in lines[row]
+  assert "[collective; engines: mesh, sim, ray]" in lines[row] and toy.doc in lines[row]
   assert lines[row + 1].split()[:2] == ["--toy-scale", "1.0"]
   assert "The toy's k" in lines[row + 1]
 
