@@ -61,7 +61,7 @@ class _Ledger:
     self.batch_seconds = [[] for _ in range(self.m)]
     self.done_steps, self.samples = 0, 0
     self.finished = False
-    self.sums, self.count = {}, 0
+    self.sums, self.count, self.names = {}, 0, set()
     self.snapshots: dict[int, Any] = {}
     self.changed = asyncio.Condition()
 
@@ -109,6 +109,7 @@ class _Ledger:
   def _add(self, metrics: dict[str, float] | None) -> None:
     for k, v in (metrics or {}).items():
       self.sums[k] = self.sums.get(k, 0.0) + v
+      self.names.add(k)
     self.count += metrics is not None
 
   def _update(self, w: int) -> list[int]:
@@ -119,7 +120,10 @@ class _Ledger:
     self.samples += self.batch_sizes[w]
     ended = []
     while self.samples >= (self.done_steps + 1) * self.global_batch:
-      self.means = {k: v / max(self.count, 1) for k, v in self.sums.items()}
+      # NaN for a step in which no gradient was computed (its updates' were
+      # computed before it), as every engine reports one
+      self.means = {k: self.sums[k] / self.count if self.count else float("nan")
+                    for k in self.names}
       self.sums, self.count = {}, 0
       ended.append(self.done_steps)
       self.done_steps += 1
