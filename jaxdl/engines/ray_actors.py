@@ -112,30 +112,34 @@ class _Ledger:
       self.names.add(k)
     self.count += metrics is not None
 
-  def _update(self, w: int) -> list[int]:
-    """Counts an update of worker w ("apply" or "local"): the steps it ended
-    (at most one), each with its metric means kept; ends the run after the
-    last."""
+  def _update(self, w: int) -> None:
+    """Counts an update of worker w ("apply" or "local"); at the end of a
+    step, keeps its snapshot; ends the run after the last."""
     self.clocks[w] += 1
     self.samples += self.batch_sizes[w]
-    ended = []
     while self.samples >= (self.done_steps + 1) * self.global_batch:
       # NaN for a step in which no gradient was computed (its updates' were
       # computed before it), as every engine reports one
-      self.means = {k: self.sums[k] / self.count if self.count else float("nan")
-                    for k in self.names}
+      means = {k: self.sums[k] / self.count if self.count else float("nan")
+               for k in self.names}
       self.sums, self.count = {}, 0
-      ended.append(self.done_steps)
+      workers = self._workers_at_end(self.done_steps) if (
+          self.done_steps in self.observed) else None
+      # The state's arrays as they are (immutable): stacked and copied when asked.
+      self.snapshots[self.done_steps] = (self.server, workers, tuple(self.clocks), means)
       self.done_steps += 1
     self.finished = self.done_steps >= self.total
-    return ended
 
   async def step(self, step: int):
-    """(state or None, metric means) at the end of step `step`, once it has
-    ended and its state is complete."""
+    """(state, metric means) at the end of step `step`, once it has ended and
+    its workers' states are all there; the state is None at a step the
+    driver does not read."""
+    complete = lambda: step in self.snapshots and (
+        self.snapshots[step][1] is None or all(x is not None for x in self.snapshots[step][1]))
     async with self.changed:
-      await self.changed.wait_for(lambda: self._complete(step))
-    return self._take_snapshot(step)
+      await self.changed.wait_for(complete)
+    server, workers, clocks, means = self.snapshots.pop(step)
+    return None if workers is None else self.state(server, workers, clocks), means
 
   def trace(self) -> tuple[list[Event], int, list[list[float]], bool]:
     """The events so far, bytes sent, seconds per batch per worker, and
@@ -204,10 +208,7 @@ class Server(_Ledger):
     self._event("apply", w, iteration=c, version=self.version, duration=float(d))
     self.batch_seconds[w].append(compute_s)
     self._add(metrics)
-    for step in self._update(w):
-      # The state's arrays as they are (immutable): stacked and copied when asked.
-      self.snapshots[step] = ((self.server, tuple(self.workers), tuple(self.clocks))
-                              if step in self.observed else None, self.means)
+    self._update(w)
     await self._notify()
     return None if self.finished else await self.pull(w, transfer_s, incarnation)
 
@@ -215,12 +216,8 @@ class Server(_Ledger):
     super().restore(state, step)
     self.version = int(sum(self.clocks))
 
-  def _complete(self, step: int) -> bool:
-    return step in self.snapshots
-
-  def _take_snapshot(self, step: int):
-    state, means = self.snapshots.pop(step)
-    return None if state is None else self.state(*state), means
+  def _workers_at_end(self, step: int) -> tuple:
+    return tuple(self.workers)  # the server keeps them all
 
 
 class Worker:
@@ -239,11 +236,11 @@ class Worker:
     """Compiles the gradient's program on the first batch (the result is dropped)."""
     jax.block_until_ready(self.programs.compute(state, one_batch(self.streams, self.w, 0)))
 
-  def run(self, incarnation: int = 0) -> int:
-    """Works until the run is over; the number of iterations it pushed.
-    `incarnation`: how many times this worker's process was restarted."""
+  def run(self, incarnation: int = 0) -> None:
+    """Works until the run is over. `incarnation`: how many times this
+    worker's process was restarted."""
     import ray
-    pushed, t = 0, time.perf_counter()
+    t = time.perf_counter()
     reply = ray.get(self.server.pull.remote(self.w, 0.0, incarnation))
     while reply is not None:
       transfer = time.perf_counter() - t
@@ -256,8 +253,6 @@ class Worker:
       reply = ray.get(self.server.push.remote(
           self.w, c, jax.device_get(state), compute, transfer,
           self.programs.means(self.w, jax.device_get(shares)), incarnation))
-      pushed += 1
-    return pushed
 
 
 class Coordinator(_Ledger):
@@ -277,7 +272,6 @@ class Coordinator(_Ledger):
 
   def __init__(self, config, task, observed: list[int]):
     super().__init__(config, task, observed)
-    self.cuts: dict[int, dict] = {}  # step -> its cut, until the driver takes it
     self.owed: list[list[int]] = [[] for _ in range(self.m)]  # cuts a worker still owes
     self.paired: set[int] = set()
 
@@ -286,18 +280,11 @@ class Coordinator(_Ledger):
     if "exchange" in self.programs.fns:
       jax.block_until_ready(self.programs.exchange(self.server, self.workers[0]))
 
-  def _update(self, w: int) -> list[int]:
-    ended = super()._update(w)
-    for step in ended:
-      cut = {"server": self.server, "clocks": tuple(self.clocks), "means": self.means,
-             "workers": [None] * self.m}
-      if step in self.observed:
-        for v in range(self.m):
-          self.owed[v].append(step)
-      else:  # nothing to gather
-        cut["workers"] = None
-      self.cuts[step] = cut
-    return ended
+  def _workers_at_end(self, step: int) -> list:
+    """Every worker owes its model at the end of `step`, deposited later."""
+    for owed in self.owed:
+      owed.append(step)
+    return [None] * self.m
 
   def _owed(self, *workers: int) -> dict[int, list[int]]:
     """The cuts `workers` owe, now to be deposited by the caller."""
@@ -310,7 +297,7 @@ class Coordinator(_Ledger):
     """Each worker's model at the cuts it owed (its model before its next event)."""
     for w, steps in owed.items():
       for step in steps:
-        self.cuts[step]["workers"][w] = states[w]
+        self.snapshots[step][1][w] = states[w]
     await self._notify()
 
   async def ticket(self, w: int, kind: str, iteration: int, peer: int = -1,
@@ -367,17 +354,6 @@ class Coordinator(_Ledger):
     self.bytes_total += nbytes
     await self._notify()
 
-  def _complete(self, step: int) -> bool:
-    cut = self.cuts.get(step)
-    return cut is not None and (cut["workers"] is None or
-                                all(x is not None for x in cut["workers"]))
-
-  def _take_snapshot(self, step: int):
-    cut = self.cuts.pop(step)
-    if cut["workers"] is None:
-      return None, cut["means"]
-    return self.state(cut["server"], cut["workers"], cut["clocks"]), cut["means"]
-
 
 class Peer:
   """A worker that keeps its own model (easgd, gosgd, ad_psgd): a threaded
@@ -420,17 +396,16 @@ class Peer:
           owed, {v: jax.device_get(models[v]) for v in owed}))
     return granted
 
-  def run(self, state, clock: int, peers: list) -> int:
-    """Works from `state` at its clock until the run is over; the number of
-    updates it made. `peers`: every worker's actor, for AD-PSGD."""
+  def run(self, state, clock: int, peers: list) -> None:
+    """Works from `state` at its clock until the run is over. `peers`: every
+    worker's actor, for GoSGD and AD-PSGD."""
     import ray
     self.state = state
     run = {Elastic: self._elastic, Gossip: self._gossip}.get(type(self.algorithm),
                                                              self._decentralized)
-    updates = run(clock, peers)
+    run(clock, peers)
     with self.lock:
       ray.get(self.coordinator.stopped.remote(self.w, jax.device_get(self.state)))
-    return updates
 
   def _local(self, c: int) -> bool:
     """Local step c on its own model, if the run is not over."""
@@ -447,40 +422,37 @@ class Peer:
     k = int(rng.integers(m - 1))
     return k + (k >= self.w)
 
-  def _elastic(self, c: int, peers) -> int:
+  def _elastic(self, c: int, peers) -> None:
     import ray
-    start, period = c, self.algorithm.period
     while self._local(c):
-      c += 1
-      if c % period == 0:  # the worker waits for the center's reply
+      if (c + 1) % self.algorithm.period == 0:  # it waits for the center's reply
         with self.lock:
-          new = ray.get(self.coordinator.exchange.remote(self.w, c - 1,
+          new = ray.get(self.coordinator.exchange.remote(self.w, c,
                                                         jax.device_get(self.state)))
           if new is None:
-            break
+            return
           self.state = new
-    return c - start
+      c += 1
 
-  def _gossip(self, c: int, peers) -> int:
+  def _gossip(self, c: int, peers) -> None:
     """GoSGD: after each local step, with probability p, a message to a
     random peer; the worker goes on at once, the peer merges it on arrival
     (the draws are the same in every run)."""
     import ray
-    start, p, sent = c, self.algorithm.probability, []
+    sent = []
     while self._local(c):
-      c += 1
-      rng = np.random.default_rng([self.seed, self.w, c - 1])
-      if len(peers) > 1 and rng.random() < p:
+      rng = np.random.default_rng([self.seed, self.w, c])
+      if len(peers) > 1 and rng.random() < self.algorithm.probability:
         k = self._other(rng, len(peers))
         with self.lock:
           new, message = self.programs.send(self.state)
           message = jax.device_get(message)
-          if not self._ask(self.w, "send", c - 1, k, nbytes=_nbytes(message)):
+          if not self._ask(self.w, "send", c, k, nbytes=_nbytes(message)):
             break
           self.state = new
-        sent.append(peers[k].receive.remote(self.w, c - 1, message))  # the worker goes on
+        sent.append(peers[k].receive.remote(self.w, c, message))  # the worker goes on
+      c += 1
     ray.get(sent)  # a receiver's error is raised here
-    return c - start
 
   def receive(self, w: int, c: int, message) -> None:
     """GoSGD: worker w's message of its step c arrives; merged as sent."""
@@ -488,29 +460,29 @@ class Peer:
       if self._ask(w, "gossip", c, self.w, models={self.w: self.state}):
         self.state = self.programs.receive(self.state, message)
 
-  def _decentralized(self, c: int, peers) -> int:
+  def _decentralized(self, c: int, peers) -> None:
     import ray
-    p, start, none = self.programs, c, np.float32(0.0)
+    p, none = self.programs, np.float32(0.0)
     while True:
       with self.lock:  # the snapshot and its gradient: one event
         new, shares = p.compute(p.pull((), self.state, none), one_batch(self.streams, self.w, c))
         if not self._ask(self.w, "pull", c, metrics=p.means(self.w, jax.device_get(shares))):
-          return c - start
+          return
         self.state = new
       if len(peers) > 1:  # a uniformly random other worker, the same in every run
         k = self._other(np.random.default_rng([self.seed, self.w, c]), len(peers))
         if not ray.get(self.coordinator.pair.remote(self.w, k, c)):
-          return c - start
+          return
         mine = jax.device_get(self.state)
         averaged = ray.get(peers[k].average.remote(self.w, c, mine))
         if averaged is not None:
           self.state = averaged
         ray.get(self.coordinator.unpair.remote(self.w, k, 2 * _nbytes(mine)))
         if averaged is None:
-          return c - start
+          return
       with self.lock:
         if not self._ask(self.w, "apply", c):
-          return c - start
+          return
         self.state = p.apply((), self.state, none)[1]
       c += 1
 

@@ -1,16 +1,19 @@
-"""The ray engine: an asynchronous algorithm on real processes.
+"""The ray engine: any algorithm on real processes.
 
-A server actor and M worker actors, each its own OS process
-(`jaxdl.engines.ray_actors`), run the algorithm's own event functions. The
-driver (this process) only starts them, waits for each step's end and
-fetches the state there for evaluation and checkpoints; workers never wait
-for it. A local Ray instance listens on the loopback address only and starts
-no dashboard; `--ray-address HOST:PORT` joins a running cluster instead,
-with Ray's token authentication as that cluster has it (RAY_AUTH_TOKEN).
+An asynchronous algorithm: a central actor (a parameter server, or the
+coordinator of workers that keep their own models) and M worker actors,
+each its own OS process (`jaxdl.engines.ray_actors`), run the algorithm's
+own event functions. The driver (this process) only starts them, waits for
+each step's end and fetches the state at the steps the runner reads; workers
+never wait for it. The trace holds the events in the order the central actor
+granted them, with wall times; `--engine sim --replay RUN/trace.jsonl` runs
+the same programs in that order and reproduces the run's parameters bit for
+bit. A collective algorithm: M processes that jax.distributed joins, each
+running the mesh engine's step (`RayCollective`).
 
-The trace holds the events in the order the server really ran them, with
-wall times; `--engine sim --replay RUN/trace.jsonl` runs the same programs
-in that order and reproduces the run's parameters bit for bit.
+A local Ray instance listens on the loopback address only and starts no
+dashboard; `--ray-address HOST:PORT` joins a running cluster instead, with
+Ray's token authentication as that cluster has it (RAY_AUTH_TOKEN).
 """
 from __future__ import annotations
 
