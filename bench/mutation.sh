@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 # conftest would (8 fake CPU devices, a shared compilation cache) here.
 export JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
+case "$(uname -m)" in x86_64|amd64) XLA_FLAGS="$XLA_FLAGS --xla_cpu_max_isa=AVX2";; esac
 export JAX_COMPILATION_CACHE_DIR="${TMPDIR:-/tmp}/jaxdl-mutation-xla-$(id -u)"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+python3 bench/mutation_state.py restore
 mutmut run --max-children "${JOBS:-$(nproc)}" "$@" > mutants.log 2>&1 || true
+python3 bench/mutation_state.py save
 mutmut results > mutants/survivors.txt
 mutmut export-cicd-stats > /dev/null
 python3 - <<'PY'
