@@ -16,6 +16,8 @@ commands:
   run      train one configuration into a run directory (jaxdl run --help)
   compare  run a grid of algorithms x workers x networks (jaxdl compare --help)
   report   tables and plots of a comparison directory (jaxdl report --help)
+  calibrate  measure this machine's costs on the ray engine into a profile
+           for --engine sim --cluster PROFILE.json (jaxdl calibrate --help)
   list     list datasets, models, optimizers, algorithms and engines
 
 exit codes: 0 done; 1 some compare cells failed; 2 bad input; 3 the run
@@ -150,6 +152,35 @@ def _report(args: list[str]) -> int:
   return 0
 
 
+def _calibrate(args: list[str]) -> int:
+  from jaxdl import calibrate, flags, rundir
+  from jaxdl.config import RunConfig
+
+  args, path = list(args), calibrate.CalibrateArgs().profile
+  if "--profile" in args:
+    i = args.index("--profile")
+    path = args[i + 1] if i + 1 < len(args) else ""
+    del args[i:i + 2]
+  description = (f"{calibrate.__doc__}\n--profile PATH.json: where the profile is written "
+                 f"(default {path}). --steps: updates of each measuring run (default "
+                 f"{calibrate.DEFAULT_STEPS}). Other flags are `jaxdl run`'s: the model, "
+                 "dataset and batch size measured, --ray-address.")
+  config, settings = flags.parse(_split_lists(args), RunConfig(), "jaxdl calibrate", description)
+  config = config.replace(**settings)
+  out = Path(path)
+  if not path.endswith(".json") or out.is_dir():
+    raise ConfigError("profile", path, "a path PATH.json for the profile")
+  if out.exists() and not config.output.overwrite:
+    raise ConfigError("profile", path, "a path with no file yet, or --overwrite to replace it")
+  rundir.check_writable(out.parent, "profile")
+  profile = calibrate.calibrate(config)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(out, profile)
+  print(f"{calibrate.summary_line(profile)}\nprofile: {out} (jaxdl run --engine sim "
+        f"--cluster {out} --model {config.model.model} --batch-size {config.data.batch_size})")
+  return 0
+
+
 def _list(args: list[str]) -> int:
   if args:
     print("usage: jaxdl list", file=sys.stderr)
@@ -203,7 +234,8 @@ def _list(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "run": _run, "compare": _compare, "report": _report, "list": _list}
+    "run": _run, "compare": _compare, "report": _report, "calibrate": _calibrate,
+    "list": _list}
 
 
 def experiment_main(path: str, doc: str, argv: list[str]) -> int:

@@ -94,7 +94,7 @@ class ClusterConfig:
   servers: int = 1
   """Parameter-server shards k: each owns 1/k of the parameters and optimizer state, and has its own link."""
   cluster: str = "cpu"
-  """Device profile of the simulated workers, optionally with a count: cpu, titan-v, v100, a100, h100, h200, 24x titan-v."""
+  """Device profile of the simulated workers, optionally with a count: cpu, titan-v, v100, a100, h100, h200, 24x titan-v; or a profile measured on the ray engine, PATH.json (`jaxdl calibrate`)."""
   network: str = "10gbps"
   """Bandwidth of every simulated link, e.g. 10gbps, 56gbps, 100mbps."""
   latency: float = 5e-5
@@ -413,7 +413,10 @@ def validate(config: RunConfig) -> RunConfig:
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])
   cluster.parse_bandwidth(c["network"])
-  cluster.parse_cluster(c["cluster"])
+  if c["cluster"].endswith(".json"):
+    cluster.read_profile(c["cluster"])
+  else:
+    cluster.parse_cluster(c["cluster"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
   batch_sizes(config)
   resolve(config)

@@ -64,7 +64,9 @@ class Event:
   iteration: int = -1    # the worker's iteration (its clock) the event belongs to
   peer: int = -1         # the other worker of "gossip" / "average"
   duration: float = 0.0  # "wait": seconds idle; centralized "pull": transfer
-                         # seconds, "apply": compute seconds; otherwise 0
+                         # seconds, "apply": compute seconds; on a real engine
+                         # also "local" and AD-PSGD's "pull": compute seconds
+                         # (no math reads these); otherwise 0
   version: int = -1      # server version read ("pull") or produced ("apply")
 
   def to_json(self) -> str:

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 from jaxdl import flags
+from jaxdl.calibrate import CalibrateArgs
 from jaxdl.compare import CompareArgs
 from jaxdl.config import RunConfig
 from jaxdl.report import ReportArgs
@@ -27,7 +28,7 @@ def _fields(cls) -> set[str]:
 
 def test_every_error_names_an_existing_flag():
   allowed = (_fields(flags.flags_class(RunConfig())) | _fields(CompareArgs)
-             | _fields(ReportArgs))
+             | _fields(ReportArgs) | _fields(CalibrateArgs))
   named = {}
   for path in PACKAGE.rglob("*.py"):
     text = path.read_text()

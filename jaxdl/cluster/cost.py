@@ -6,11 +6,15 @@ occasional straggler slowdown; every draw is a pure function of
 (seed, worker, iteration). Communication: a message costs latency +
 bytes / bandwidth and holds every link on its path while it is serialised;
 the parameter server's k shard links are shared by all workers, which is what
-makes the PS the bottleneck as M grows (IPDPS'21, finding F3).
+makes the PS the bottleneck as M grows (IPDPS'21, finding F3). A measured
+profile of a real engine (`jaxdl calibrate`) adds its central process's time
+per call, one call at a time: a parameter server's per update, a
+coordinator's per event it orders.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import zlib
 
@@ -75,6 +79,44 @@ def parse_cluster(text: str) -> tuple[int | None, str]:
                     "such as 24x titan-v (profiles: " + ", ".join(DEVICE_PROFILES) + ")")
 
 
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """A real engine's costs on one machine, measured by `jaxdl calibrate` for
+  one model, dataset and batch size; `--cluster PATH.json` simulates it."""
+  model: str
+  dataset: str
+  batch_size: int
+  compute_time: float   # seconds per batch of a worker's gradient
+  server_time: float    # a parameter server's seconds per update (push, apply, reply)
+  order_time: float     # a coordinator's seconds per event it grants
+  latency: float = 0.0  # seconds per message between workers
+  bandwidth: float = 1e15  # bytes/s between workers
+
+
+def read_profile(path: str) -> Profile:
+  """The cost profile in the JSON file `path` (fields of `Profile`, and
+  whatever else the measurement recorded)."""
+  allowed = "a cost profile written by `jaxdl calibrate`"
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise ConfigError("cluster", path, f"{allowed} ({e})") from None
+  fields = dataclasses.fields(Profile)
+  missing = [f.name for f in fields if f.default is dataclasses.MISSING
+             and f.name not in (data if isinstance(data, dict) else {})]
+  if missing:
+    raise ConfigError("cluster", path, f"{allowed}: it lacks {', '.join(missing)}")
+  profile = Profile(**{f.name: data[f.name] for f in fields if f.name in data})
+  numbers = (profile.compute_time, profile.server_time, profile.order_time, profile.latency,
+             profile.bandwidth)
+  if not (all(isinstance(t, (int, float)) and t >= 0 for t in numbers)
+          and profile.compute_time > 0 and profile.bandwidth > 0):
+    raise ConfigError("cluster", path, f"{allowed}: seconds >= 0 (compute time > 0) and a "
+                      "bandwidth > 0")
+  return profile
+
+
 def _stream_id(stream: str) -> int:
   return zlib.crc32(stream.encode()) + 1  # stable across processes, unlike hash()
 
@@ -93,6 +135,8 @@ class CostModel:
   straggler_prob: float = 0.0
   straggler_slowdown: float = 4.0
   seed: int = 0
+  server_s: float = 0.0   # a central process's seconds per parameter-server update
+  order_s: float = 0.0    # a central process's seconds per event it orders
   _draws: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                    compare=False, hash=False)
 
@@ -115,8 +159,10 @@ class CostModel:
         ("straggler_slowdown", self.straggler_slowdown, self.straggler_slowdown >= 1,
          "a factor >= 1"),
     ]
-    if self.model_bytes < 0:  # computed from the model, never given
-      raise ValueError(f"model_bytes {self.model_bytes!r}: bytes >= 0")
+    # computed from the model, or read from a checked profile: never given
+    for name in ("model_bytes", "server_s", "order_s"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} {getattr(self, name)!r}: >= 0")
     for field, value, ok, allowed in checks:
       if not ok:
         raise ConfigError(field, value, allowed)
@@ -228,8 +274,17 @@ class Network:
     self.down = [link() for _ in range(cost.num_workers)]
     self.shard_up = [link() for _ in range(cost.servers)]
     self.shard_down = [link() for _ in range(cost.servers)]
+    self.central_free = 0.0  # when the central process is next free
     self.bytes_total = 0.0
     self.queued_s = [0.0] * cost.num_workers
+
+  def serve(self, worker: int, ready_time: float, seconds: float) -> float:
+    """When the central process has served `worker`'s call, made at
+    `ready_time`, that takes it `seconds`: it serves one call at a time."""
+    start = max(ready_time, self.central_free)
+    self.central_free = start + seconds
+    self.queued_s[worker] += start - ready_time
+    return start + seconds
 
   def _send(self, waiter: int, links, ready_time: float, nbytes: float) -> tuple[float, float]:
     start, end = _reserve(links, ready_time, nbytes)

@@ -79,6 +79,15 @@ class _Sim:
     heapq.heappush(self._heap, (time, self._seq, action, worker, iteration, peer))
     self._seq += 1
 
+  def served(self, seconds: float, asker: int, action: int, handler: Callable,
+             worker: int, iteration: int = -1, peer: int = -1) -> None:
+    """Runs `handler` now or, where a central process (a real engine's) first
+    serves `asker`'s call for `seconds`, as `action` once it has."""
+    if seconds:
+      self.at(self.net.serve(asker, self.now, seconds), action, worker, iteration, peer)
+    else:
+      handler(worker, iteration, peer)
+
   def emit(self, kind: str, worker: int, **fields) -> None:
     self.events.append(Event(self.now, kind, worker, **fields))
 
@@ -117,7 +126,9 @@ def centralized(cost: CostModel, budget: Budget | int,
   "apply" the iteration's compute seconds as `duration` (LC-ASGD's t_comm and
   t_comp). Under SSP a worker starts iteration c only once every worker has
   applied c - s iterations; until then it waits, and a "wait" event records
-  how long: the bound is the only reason a worker waits.
+  how long: the bound is the only reason a worker waits. With a central
+  process's time per update (`cost.server_s`, measured on a real engine), a
+  push is applied once the server, one update at a time, has served it.
   """
   bound = staleness_bound
   ok = bound is None or (isinstance(bound, numbers.Integral) and bound >= 0)
@@ -126,7 +137,7 @@ def centralized(cost: CostModel, budget: Budget | int,
   clocks, waiting = [0] * m, {}  # iterations applied; waiting worker -> since
   computing = {}  # (worker, iteration) -> its compute seconds
   state = {"version": 0}
-  PUSH, APPLY = 0, 1
+  PUSH, APPLY, ARRIVE = 0, 1, 2
 
   def start(w: int) -> None:
     c = clocks[w]
@@ -139,7 +150,10 @@ def centralized(cost: CostModel, budget: Budget | int,
     sim.at(arrived + compute, PUSH, w, c)
 
   def push(w: int, c: int, _) -> None:
-    sim.at(sim.net.push(w, sim.now), APPLY, w, c)
+    sim.at(sim.net.push(w, sim.now), ARRIVE, w, c)
+
+  def arrive(w: int, c: int, _) -> None:
+    sim.served(cost.server_s, w, APPLY, apply, w, c)
 
   def apply(w: int, c: int, _) -> None:
     state["version"] += 1
@@ -159,7 +173,7 @@ def centralized(cost: CostModel, budget: Budget | int,
   if not sim.done:
     for w in range(m):
       start(w)
-  return sim.run((push, apply))
+  return sim.run((push, apply, arrive))
 
 
 def elastic(cost: CostModel, budget: Budget | int, period: int) -> Schedule:
@@ -168,23 +182,31 @@ def elastic(cost: CostModel, budget: Budget | int, period: int) -> Schedule:
   The exchange sends the worker's model to the center over the shard links;
   the elastic update happens on arrival ("exchange"), and the worker resumes
   once the center's reply is back (it is idle meanwhile, so the model that
-  arrives is the one it sent).
+  arrives is the one it sent). A real engine's central process serves each
+  exchange in `cost.server_s` and grants each local step in `cost.order_s`,
+  one call at a time.
   """
   _check("communication_period", period, isinstance(period, numbers.Integral) and period >= 1,
          "an integer >= 1 (local steps between exchanges)")
   sim = _Sim(cost, budget)
-  COMPUTED, EXCHANGE = 0, 1
+  COMPUTED, ARRIVE, LOCAL, EXCHANGE = 0, 1, 2, 3
 
   def step(w: int, i: int, ready: float) -> None:
     sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
 
   def computed(w: int, i: int, _) -> None:
+    sim.served(cost.order_s, w, LOCAL, local, w, i)
+
+  def local(w: int, i: int, _) -> None:
     if sim.update("local", w, iteration=i):
       return
     if (i + 1) % period == 0:
-      sim.at(sim.net.push(w, sim.now), EXCHANGE, w, i)
+      sim.at(sim.net.push(w, sim.now), ARRIVE, w, i)
     else:
       step(w, i + 1, sim.now)
+
+  def arrive(w: int, i: int, _) -> None:
+    sim.served(cost.server_s, w, EXCHANGE, exchange, w, i)
 
   def exchange(w: int, i: int, _) -> None:
     sim.emit("exchange", w, iteration=i)
@@ -192,7 +214,7 @@ def elastic(cost: CostModel, budget: Budget | int, period: int) -> Schedule:
 
   for w in range(cost.num_workers):
     step(w, 0, 0.0)
-  return sim.run((computed, exchange))
+  return sim.run((computed, arrive, local, exchange))
 
 
 def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedule:
@@ -201,31 +223,42 @@ def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedul
   The push ("send") fixes the message, the sender's model and half its weight
   at that moment. The sender does not wait: its next step starts at once
   while the message crosses its own and the peer's links; the peer merges
-  the message as sent on arrival ("gossip").
+  the message as sent on arrival ("gossip"). With a central process's time
+  per event (`cost.order_s`: a real engine's coordinator orders every event),
+  each event happens once granted, one grant at a time.
   """
   _check("gossip_probability", probability, 0.0 <= probability <= 1.0,
          "a probability in [0, 1]")
-  sim, m = _Sim(cost, budget), cost.num_workers
-  COMPUTED, DELIVER = 0, 1
+  sim, m, order = _Sim(cost, budget), cost.num_workers, cost.order_s
+  COMPUTED, DELIVER, LOCAL, MERGE = 0, 1, 2, 3
 
   def step(w: int, i: int, ready: float) -> None:
     sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
 
   def computed(w: int, i: int, _) -> None:
+    sim.served(order, w, LOCAL, local, w, i)
+
+  def local(w: int, i: int, _) -> None:
     if sim.update("local", w, iteration=i):
       return
+    ready = sim.now
     if m > 1 and cost.uniform("gossip", w, i) < probability:
       peer = _other(cost.uniform("gossip_peer", w, i), w, m)
       sim.emit("send", w, iteration=i, peer=peer)
-      sim.at(sim.net.peer(w, peer, sim.now), DELIVER, w, i, peer)
-    step(w, i + 1, sim.now)
+      if order:  # the send's own grant (the message is the model as it is now)
+        ready = sim.net.serve(w, ready, order)
+      sim.at(sim.net.peer(w, peer, ready), DELIVER, w, i, peer)
+    step(w, i + 1, ready)
 
   def deliver(w: int, i: int, peer: int) -> None:
+    sim.served(order, peer, MERGE, merge, w, i, peer)
+
+  def merge(w: int, i: int, peer: int) -> None:
     sim.emit("gossip", w, iteration=i, peer=peer)
 
   for w in range(m):
     step(w, 0, 0.0)
-  return sim.run((computed, deliver))
+  return sim.run((computed, deliver, local, merge))
 
 
 def decentralized(cost: CostModel, budget: Budget | int) -> Schedule:

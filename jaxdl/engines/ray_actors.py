@@ -17,6 +17,7 @@ holds a worker's pull until the slowest clock allows it. A `Coordinator`
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Any
@@ -33,6 +34,18 @@ from jaxdl.trace import Event
 def _built(config, task):
   from jaxdl.build import prepare  # heavy: only in the actors' processes
   return prepare(config, task=task)
+
+
+def _cpu_seconds() -> tuple[float, float | None]:
+  """CPU seconds used so far by this process (all its threads) and by the
+  whole machine (Linux; None elsewhere)."""
+  try:
+    with open("/proc/stat") as f:  # cpu user nice system idle iowait irq softirq ...
+      user, nice, system, _, _, irq, softirq = (int(x) for x in f.readline().split()[1:8])
+    machine = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError):
+    machine = None
+  return time.process_time(), machine
 
 
 def _nbytes(tree) -> int:
@@ -79,7 +92,8 @@ class _Ledger:
     """Starts the clock; from a checkpoint's state at the end of step `step` > 0."""
     if step:
       self.restore(state, step)
-    self.start = time.time()
+    self.start, self.cpu_start = time.time(), _cpu_seconds()
+    self.cpu_s = (0.0, None)
 
   def state(self, server=None, workers=None, clocks=None):
     """The run's state, as host arrays: the server, every worker's state
@@ -129,6 +143,8 @@ class _Ledger:
       self.snapshots[self.done_steps] = (self.server, workers, tuple(self.clocks), means)
       self.done_steps += 1
     self.finished = self.done_steps >= self.total
+    (own, machine), (own0, machine0) = _cpu_seconds(), self.cpu_start
+    self.cpu_s = (own - own0, None if machine is None else machine - machine0)
 
   async def step(self, step: int):
     """(state, metric means) at the end of step `step`, once it has ended and
@@ -141,10 +157,11 @@ class _Ledger:
     server, workers, clocks, means = self.snapshots.pop(step)
     return None if workers is None else self.state(server, workers, clocks), means
 
-  def trace(self) -> tuple[list[Event], int, list[list[float]], bool]:
-    """The events so far, bytes sent, seconds per batch per worker, and
+  def trace(self) -> tuple[list[Event], int, list[list[float]], tuple, bool]:
+    """The events so far, bytes sent, seconds per batch per worker, the CPU
+    seconds of this actor and of its machine until the last update, and
     whether the run is over (nothing more will change)."""
-    return self.events, self.bytes_total, self.batch_seconds, self.finished
+    return self.events, self.bytes_total, self.batch_seconds, self.cpu_s, self.finished
 
 
 class Server(_Ledger):
@@ -301,16 +318,20 @@ class Coordinator(_Ledger):
     await self._notify()
 
   async def ticket(self, w: int, kind: str, iteration: int, peer: int = -1,
-                   metrics: dict[str, float] | None = None, nbytes: int = 0):
+                   metrics: dict[str, float] | None = None, nbytes: int = 0,
+                   seconds: float | None = None):
     """May worker w take its event `kind` now? (yes, the cuts owed by the
     workers the event changes: the caller deposits their models as they are
     before it). A "gossip" changes only its receiver, `peer`; an "average"
-    both. Metrics: those of a gradient computed for the event; an "apply"
-    or "local" is an update, and counts towards the budget."""
+    both. Metrics and `seconds`: those of a gradient computed for the
+    event (its measured compute time, the event's duration); an "apply" or
+    "local" is an update, and counts towards the budget."""
     owed = self._owed(*{"average": (w, peer), "gossip": (peer,)}.get(kind, (w,)))
     if self.finished:
       return False, owed
-    self._event(kind, w, iteration=iteration, peer=peer)
+    self._event(kind, w, iteration=iteration, peer=peer, duration=seconds or 0.0)
+    if seconds is not None:
+      self.batch_seconds[w].append(seconds)
     if metrics is not None:
       self._add(metrics)
     if kind == "send":  # GoSGD: the message, at its sending
@@ -384,12 +405,13 @@ class Peer:
       jax.block_until_ready((p.apply((), worker, np.float32(0.0)), p.pair(worker, worker)))
 
   def _ask(self, w: int, kind: str, c: int, peer: int = -1, metrics=None,
-           models=None, nbytes: int = 0) -> bool:
+           models=None, nbytes: int = 0, seconds: float | None = None) -> bool:
     """Asks for worker w's event (holding the lock), and deposits the models
     at the cuts owed: `models`, each worker's before the event (unset: this
     worker's own)."""
     import ray
-    granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics, nbytes))
+    granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics, nbytes,
+                                                           seconds))
     if owed:
       models = models or {self.w: self.state}
       ray.get(self.coordinator.deposit.remote(
@@ -410,9 +432,10 @@ class Peer:
   def _local(self, c: int) -> bool:
     """Local step c on its own model, if the run is not over."""
     with self.lock:
-      p = self.programs
-      new, shares = p.local(self.state, one_batch(self.streams, self.w, c))
-      if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares))):
+      p, start = self.programs, time.perf_counter()
+      new, shares = jax.block_until_ready(p.local(self.state, one_batch(self.streams, self.w, c)))
+      if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares)),
+                       seconds=time.perf_counter() - start):
         return False
       self.state = new
       return True
@@ -465,8 +488,11 @@ class Peer:
     p, none = self.programs, np.float32(0.0)
     while True:
       with self.lock:  # the snapshot and its gradient: one event
-        new, shares = p.compute(p.pull((), self.state, none), one_batch(self.streams, self.w, c))
-        if not self._ask(self.w, "pull", c, metrics=p.means(self.w, jax.device_get(shares))):
+        start = time.perf_counter()
+        new, shares = jax.block_until_ready(
+            p.compute(p.pull((), self.state, none), one_batch(self.streams, self.w, c)))
+        if not self._ask(self.w, "pull", c, metrics=p.means(self.w, jax.device_get(shares)),
+                         seconds=time.perf_counter() - start):
           return
         self.state = new
       if len(peers) > 1:  # a uniformly random other worker, the same in every run

@@ -183,6 +183,7 @@ class RayEngine(_RayRun):
     self.events: list[trace.Event] = []
     self.trace_final = False  # the run is over: the trace fetched is the whole
     self.bytes_total, self.batch_seconds = 0, [[] for _ in range(self.num_workers)]
+    self.cpu_s = (0.0, None)
 
   def init(self, key: jax.Array):
     """The state at step 0; every actor has compiled its programs when it returns."""
@@ -245,7 +246,8 @@ class RayEngine(_RayRun):
 
   def _fetch_trace(self) -> None:
     if self.server is not None and not self.trace_final:
-      self.events, self.bytes_total, self.batch_seconds, self.trace_final = self._get(
+      (self.events, self.bytes_total, self.batch_seconds, self.cpu_s,
+       self.trace_final) = self._get(
           self.server.trace.remote())
 
   def trace(self) -> list[trace.Event]:
@@ -260,6 +262,11 @@ class RayEngine(_RayRun):
             **base.trace_figures(self.events, self.num_workers, self.bytes_total),
             "batch_seconds_per_worker": [float(np.mean(s)) if s else None
                                          for s in self.batch_seconds],
+            # what --engine sim models as simulated_time_s: the clock at the last event
+            "trace_time_s": self.events[-1].time if self.events else 0.0,
+            # CPU seconds until then: the server's or coordinator's (all its
+            # threads), and its machine's (every process; Linux)
+            "central_cpu_s": self.cpu_s[0], "machine_cpu_s": self.cpu_s[1],
             "restarts_per_worker": list(self.restarts)}
 
   def report(self, state) -> dict[str, float]:

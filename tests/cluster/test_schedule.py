@@ -533,3 +533,37 @@ def test_allreduce_and_local_sgd_by_hand(mode, expected):
   got = [(e.time, e.kind, e.worker, e.iteration, e.duration) for e in events]
   assert got == [tuple(pytest.approx(x) if isinstance(x, float) else x for x in row)
                  for row in expected]
+
+
+def test_a_central_process_serves_one_update_at_a_time_by_hand():
+  """A measured server time (a real engine's, `jaxdl calibrate`): two
+  workers, 1 s a gradient, free messages, 3 s of the server per update. Both
+  push at 1 s; the server applies worker 0's at 4 s and worker 1's at 7 s;
+  worker 0 is back at 5 s and waits until 7 s, and so on: the server
+  bounds the run at one update every 3 s."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=0, bandwidth=1e9, latency=0, server_s=3.0)
+  events = centralized(cost, 4)
+  applies = [(e.worker, e.time, e.duration) for e in events if e.kind == "apply"]
+  assert applies == [(0, 4.0, 1.0), (1, 7.0, 1.0), (0, 10.0, 1.0), (1, 13.0, 1.0)]
+  # queued at the server: worker 0 at 5 s (2 s) and 11 s (2 s), worker 1 at 1 s (3 s), 8 s (2 s)
+  assert events.queued_s == (4.0, 5.0)
+
+
+def test_a_coordinator_grants_one_event_at_a_time_by_hand():
+  """A measured coordinator time per event (0.5 s), two workers, 1 s a
+  gradient, no messages: worker 0's step is granted at 1.5 s, worker 1's,
+  asked at 1 s too, at 2 s; each next step starts when its grant ends."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=0, bandwidth=1e9, latency=0, order_s=0.5)
+  events = gossip(cost, 6, probability=0.0)
+  assert [(e.worker, e.time) for e in events] == [
+      (0, 1.5), (1, 2.0), (0, 3.0), (1, 3.5), (0, 4.5), (1, 5.0)]
+  # every message too: its send (by the sender, which goes on after it) and its merge
+  kinds = [(e.kind, e.worker, e.time) for e in gossip(cost, 3, probability=1.0)]
+  assert kinds == [("local", 0, 1.5), ("send", 0, 1.5), ("local", 1, 2.0), ("send", 1, 2.0),
+                   ("gossip", 0, 3.5), ("gossip", 1, 4.0), ("local", 0, 4.5)]
+  # EASGD: each local step granted (0.5 s), each exchange served (2 s)
+  cost = CostModel(1, compute_s=1.0, model_bytes=0, bandwidth=1e9, latency=0, order_s=0.5,
+                   server_s=2.0)
+  assert [(e.kind, e.iteration, e.time) for e in elastic(cost, 4, period=2)] == [
+      ("local", 0, 1.5), ("local", 1, 3.0), ("exchange", 1, 5.0), ("local", 2, 6.5),
+      ("local", 3, 8.0)]

@@ -68,6 +68,7 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
   assert [e.version for e in applies] == list(range(1, 12 * m + 1))
   assert all(a.time <= b.time for a, b in zip(events, events[1:]))
   assert sum(ray_run["batches_per_worker"]) == 12 * m
+  assert ray_run["trace_time_s"] == events[-1].time and ray_run["central_cpu_s"] > 0
   processes = json.loads((tmp_path / "ray" / "cluster.json").read_text())["processes"]
   assert [p["role"] for p in processes] == ["driver", "server"] + [
       f"worker {w}" for w in range(m)]
@@ -99,6 +100,11 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
   update = "apply" if name == "ad_psgd" else "local"
   updates = [e for e in events if e.kind == update]
   assert len(updates) == 12 * m and {e.worker for e in updates} == set(range(m))
+  # every gradient's measured time: the event's duration and the worker's batch times
+  computed = [e for e in events if e.kind == ("pull" if name == "ad_psgd" else "local")]
+  assert all(e.duration > 0 for e in computed)
+  assert ray_run["batch_seconds_per_worker"] == pytest.approx(
+      [np.mean([e.duration for e in computed if e.worker == w]) for w in range(m)], rel=1e-6)
   # each worker's events in its program's order
   order = {"easgd": ["local", "exchange"], "gosgd": ["local", "send"]}.get(
       name, ["pull", "average", "apply"])

@@ -54,20 +54,40 @@ def flops_per_batch(problem: Problem, streams: Streams) -> float:
 def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
   """The simulated cluster that `config` describes, for this model and data."""
   c = config.cluster
-  count, profile = cluster.parse_cluster(c.cluster)
   m = streams.num_workers
-  if count is not None and count != m:
-    raise ConfigError("cluster", c.cluster, f"a count equal to --workers {m}, or none")
   mean_batch = np.mean(streams.batch_sizes)
   # A worker's time grows with its batch and shrinks with its speed.
   speeds = tuple((c.worker_speeds or (1.0,) * m)[w] * mean_batch / b
                  for w, b in enumerate(streams.batch_sizes))
+  common = dict(servers=c.servers, speeds=speeds, jitter=c.jitter,
+                straggler_prob=c.straggler_prob, straggler_slowdown=c.straggler_slowdown,
+                seed=config.train.seed)
+  if c.cluster.endswith(".json"):
+    return cluster.CostModel(m, model_bytes=problem.model_bytes(),
+                             **measured_costs(config, mean_batch), **common)
+  count, profile = cluster.parse_cluster(c.cluster)
+  if count is not None and count != m:
+    raise ConfigError("cluster", c.cluster, f"a count equal to --workers {m}, or none")
   flops = None if c.compute_time else flops_per_batch(problem, streams)
   return cluster.CostModel.build(
       m, problem.model_bytes(), compute_s=c.compute_time, flops_per_batch=flops,
-      profile=profile, network=c.network, latency=c.latency, servers=c.servers,
-      speeds=speeds, jitter=c.jitter, straggler_prob=c.straggler_prob,
-      straggler_slowdown=c.straggler_slowdown, seed=config.train.seed)
+      profile=profile, network=c.network, latency=c.latency, **common)
+
+
+def measured_costs(config, mean_batch: float) -> dict[str, float]:
+  """The CostModel fields of the profile `--cluster PATH.json`, measured for
+  this run's model, dataset and batch size (--compute-time overrides its
+  compute time)."""
+  path = config.cluster.cluster
+  p = cluster.read_profile(path)
+  measured = (p.model, p.dataset, p.batch_size)
+  if measured != (config.model.model, config.data.dataset, mean_batch):
+    raise ConfigError("cluster", path, f"a profile measured for this run (model "
+                      f"{config.model.model}, dataset {config.data.dataset}, batch size "
+                      f"{mean_batch:g}); this one was measured for model {p.model}, dataset "
+                      f"{p.dataset}, batch size {p.batch_size}: run `jaxdl calibrate` for it")
+  return dict(compute_s=config.cluster.compute_time or p.compute_time, bandwidth=p.bandwidth,
+              latency=p.latency, server_s=p.server_time, order_s=p.order_time)
 
 
 def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,

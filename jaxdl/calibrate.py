@@ -1,0 +1,106 @@
+"""`jaxdl calibrate`: this machine's costs on the ray engine, measured into a
+cost profile that `jaxdl run --engine sim --cluster PROFILE.json` simulates.
+
+Two short ray runs with one worker, so that nothing waits for anyone:
+
+- asp: each update is a pull, a gradient and a push applied at the server.
+  `compute_time` is the worker's measured seconds per gradient;
+  `server_time` what the server spends on one update, one at a time.
+- gosgd: each local step is a gradient and the coordinator's grant;
+  `order_time` is what the coordinator spends on one event.
+
+A central actor's time per call is bounded twice: by its process's CPU
+seconds per call (Ray's idle threads included, so loose where the actor
+waits), and by a worker's cycle less its gradient (the messages and both
+ends' work, so loose where the worker's side is slow). The profile takes
+the tighter, or, if larger, the machine's CPU seconds per call (every
+process's: the workers', the driver's, Ray's) over its cores: once more
+workers keep the central actor busy, they share the cores with it.
+
+On one machine a message's cost is the processes' own work, so a profile
+counts it in these two times and sets the links between workers free
+(`latency` 0). The simulator then predicts runs with more workers: the
+server or coordinator serves one call at a time, which is what limits a
+parameter server from 2 workers on (BENCHMARKS.md, "Calibrating the
+simulator against the ray engine").
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxdl.cluster import Profile
+from jaxdl.config import RunConfig
+from jaxdl.errors import ConfigError
+
+DEFAULT_STEPS = 500
+"""Updates of each measuring run, unless --steps is given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrateArgs:
+  """`jaxdl calibrate`'s own flag; the others are `jaxdl run`'s."""
+  profile: str = "profile.json"
+  """Where the profile is written: PATH.json."""
+
+
+def _measure(config: RunConfig, algorithm: str, out: Path, run: Callable) -> dict[str, float]:
+  """One measuring run: its updates, seconds from the clock's start to its
+  last update, and mean measured seconds per gradient."""
+  summary = run(config.replace(algorithm=algorithm, engine="ray", workers=1, out=str(out),
+                               eval_every=config.train.steps,
+                               checkpoint_every=config.train.steps))
+  return {"updates": summary["steps"], "seconds": summary["trace_time_s"],
+          "compute_time": summary["batch_seconds_per_worker"][0],
+          "central_cpu_s": summary["central_cpu_s"],
+          "machine_cpu_s": summary["machine_cpu_s"]}
+
+
+def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dict[str, Any]:
+  """The cost profile (a `Profile`'s fields, and what was measured) of this
+  machine for `config`'s model, dataset and batch size."""
+  from jaxdl.runner import run
+  if config.data.batch_sizes or config.cluster.worker_speeds:
+    raise ConfigError("batch_sizes", config.data.batch_sizes or config.cluster.worker_speeds,
+                      "unset: a profile is measured for one --batch-size")
+  config = config.replace(steps=config.train.steps or DEFAULT_STEPS)
+  with tempfile.TemporaryDirectory(prefix="jaxdl-calibrate-") as tmp:
+    runs = {}
+    for algorithm in ("asp", "gosgd"):
+      announce(f"measuring {algorithm} with one worker, {config.train.steps} updates")
+      runs[algorithm] = _measure(config, algorithm, Path(tmp) / algorithm, run)
+  compute, cores = runs["asp"]["compute_time"], len(os.sched_getaffinity(0))
+  for r in runs.values():
+    # Two upper bounds on the central actor's time per call, one at a time:
+    # its CPU seconds per call (all its threads, idle ones included), and a
+    # worker's whole cycle less its gradient (the messages and both ends'
+    # work). The tighter one is the profile's.
+    r["cpu_bound"] = r["central_cpu_s"] / r["updates"]
+    r["cycle_bound"] = max(r["seconds"] / r["updates"] - compute, 0.0)
+    # and one lower bound once the workers keep it busy: every process's CPU
+    # seconds per call (the machine's) shared by its cores
+    r["machine_bound"] = (r["machine_cpu_s"] or 0.0) / r["updates"] / cores
+  central = lambda r: max(min(r["cpu_bound"], r["cycle_bound"]), r["machine_bound"])
+  profile = Profile(model=config.model.model, dataset=config.data.dataset,
+                    batch_size=config.data.batch_size, compute_time=compute,
+                    server_time=central(runs["asp"]), order_time=central(runs["gosgd"]))
+  import jax
+  import ray
+  return {**dataclasses.asdict(profile), "measured": runs,
+          "machine": {"host": platform.node(), "cores": cores,
+                      "processor": platform.processor() or platform.machine(),
+                      "jax": jax.__version__, "ray": ray.__version__},
+          "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def summary_line(profile: dict[str, Any]) -> str:
+  ms = lambda k: f"{np.float64(profile[k]) * 1e3:.2f} ms"
+  return (f"compute {ms('compute_time')} a batch, server {ms('server_time')} an update, "
+          f"coordinator {ms('order_time')} an event")
