@@ -94,7 +94,7 @@ class ClusterConfig:
   servers: int = 1
   """Parameter-server shards k: each owns 1/k of the parameters and optimizer state, and has its own link."""
   cluster: str = "cpu"
-  """Device profile of the simulated workers, optionally with a count: cpu, titan-v, v100, a100, h100, h200, 24x titan-v; or a profile measured on the ray engine, PATH.json (`jaxdl calibrate`)."""
+  """Device profile of the simulated workers, optionally with a count: cpu, titan-v, v100, a100, h100, h200, 24x titan-v; or a profile measured on the ray engine, PATH.json (`jaxdl calibrate`), which sets the compute time (unless --compute-time is given), the messages' costs (--network and --latency are then unused) and the server's and coordinator's times per call."""
   network: str = "10gbps"
   """Bandwidth of every simulated link, e.g. 10gbps, 56gbps, 100mbps."""
   latency: float = 5e-5
