@@ -51,9 +51,10 @@ class CalibrateArgs:
   """Where the profile is written: PATH.json."""
 
 
-def _measure(config: RunConfig, algorithm: str, out: Path, run: Callable) -> dict[str, float]:
+def _measure(config: RunConfig, algorithm: str, out: Path) -> dict[str, float]:
   """One measuring run: its updates, seconds from the clock's start to its
-  last update, and mean measured seconds per gradient."""
+  last update, mean measured seconds per gradient, and CPU seconds."""
+  from jaxdl.runner import run
   summary = run(config.replace(algorithm=algorithm, engine="ray", workers=1, out=str(out),
                                eval_every=config.train.steps,
                                checkpoint_every=config.train.steps))
@@ -66,7 +67,6 @@ def _measure(config: RunConfig, algorithm: str, out: Path, run: Callable) -> dic
 def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dict[str, Any]:
   """The cost profile (a `Profile`'s fields, and what was measured) of this
   machine for `config`'s model, dataset and batch size."""
-  from jaxdl.runner import run
   if config.data.batch_sizes or config.cluster.worker_speeds:
     raise ConfigError("batch_sizes", config.data.batch_sizes or config.cluster.worker_speeds,
                       "unset: a profile is measured for one --batch-size")
@@ -75,7 +75,7 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
     runs = {}
     for algorithm in ("asp", "gosgd"):
       announce(f"measuring {algorithm} with one worker, {config.train.steps} updates")
-      runs[algorithm] = _measure(config, algorithm, Path(tmp) / algorithm, run)
+      runs[algorithm] = _measure(config, algorithm, Path(tmp) / algorithm)
   compute, cores = runs["asp"]["compute_time"], len(os.sched_getaffinity(0))
   for r in runs.values():
     # Two upper bounds on the central actor's time per call, one at a time:

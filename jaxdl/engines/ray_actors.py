@@ -143,8 +143,9 @@ class _Ledger:
       self.snapshots[self.done_steps] = (self.server, workers, tuple(self.clocks), means)
       self.done_steps += 1
     self.finished = self.done_steps >= self.total
-    (own, machine), (own0, machine0) = _cpu_seconds(), self.cpu_start
-    self.cpu_s = (own - own0, None if machine is None else machine - machine0)
+    if self.finished:  # the run's CPU seconds, read once, at its last update
+      (own, machine), (own0, machine0) = _cpu_seconds(), self.cpu_start
+      self.cpu_s = (own - own0, None if machine is None else machine - machine0)
 
   async def step(self, step: int):
     """(state, metric means) at the end of step `step`, once it has ended and
