@@ -156,16 +156,17 @@ def _calibrate(args: list[str]) -> int:
   from jaxdl import calibrate, flags, rundir
   from jaxdl.config import RunConfig
 
-  args, path = list(args), calibrate.CalibrateArgs().profile
-  if "--profile" in args:
-    i = args.index("--profile")
-    path = args[i + 1] if i + 1 < len(args) else ""
-    del args[i:i + 2]
+  path, rest, given = calibrate.CalibrateArgs().profile, [], iter(args)
+  for arg in given:  # --profile PATH or --profile=PATH; the rest are run flags
+    if arg == "--profile" or arg.startswith("--profile="):
+      path = arg.partition("=")[2] if "=" in arg else next(given, "")
+    else:
+      rest.append(arg)
   description = (f"{calibrate.__doc__}\n--profile PATH.json: where the profile is written "
                  f"(default {path}). --steps: updates of each measuring run (default "
                  f"{calibrate.DEFAULT_STEPS}). Other flags are `jaxdl run`'s: the model, "
                  "dataset and batch size measured, --ray-address.")
-  config, settings = flags.parse(_split_lists(args), RunConfig(), "jaxdl calibrate", description)
+  config, settings = flags.parse(_split_lists(rest), RunConfig(), "jaxdl calibrate", description)
   config = config.replace(**settings)
   out = Path(path)
   if not path.endswith(".json") or out.is_dir():

@@ -68,6 +68,7 @@ def test_a_profile_of_another_model_or_batch_size_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("args,allowed", [
     (["--profile", "profile.txt"], "a path PATH.json for the profile"),
     (["--profile", "existing.json"], "a path with no file yet, or --overwrite"),
+    (["--profile=existing.json"], "a path with no file yet, or --overwrite"),
     (["--profile"], "a path PATH.json for the profile"),
 ])
 def test_calibrate_refuses_a_bad_profile_path_before_measuring(tmp_path, monkeypatch, capsys,
