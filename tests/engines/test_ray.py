@@ -326,7 +326,8 @@ def test_ctrl_c_stops_every_actor(tmp_path):
   try:
     actors = [p["pid"] for p in _wait_for_trace(run, out)]
     run.send_signal(signal.SIGINT)
-    assert run.wait(timeout=60) == 130
+    code = run.wait(timeout=60)
+    assert code == 130, run.stderr.read()[-3000:]  # what ended it otherwise
   finally:
     run.kill()
   psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=15)
