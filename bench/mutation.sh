@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # The fork server imports jax before tests/conftest.py runs: set what the
 # conftest would (8 fake CPU devices, a shared compilation cache) here.
 export JAX_PLATFORMS=cpu TF_CPP_MIN_LOG_LEVEL=3
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8 --xla_cpu_experimental_ynn_fusion_type="
 case "$(uname -m)" in x86_64|amd64) XLA_FLAGS="$XLA_FLAGS --xla_cpu_max_isa=AVX2";; esac
 export JAX_COMPILATION_CACHE_DIR="${TMPDIR:-/tmp}/jaxdl-mutation-xla-$(id -u)"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
