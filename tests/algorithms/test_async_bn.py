@@ -58,15 +58,18 @@ def test_async_bn_keeps_the_moving_average_of_reports():
 
 
 def test_async_bn_runs_and_changes_what_is_evaluated(tmp_path):
-  run = dict(RUN, model="cnn_bn", epochs=3, batch_size=16, lr=0.3)
+  # cnn_bn sits near chance for its first epochs and then learns fast: at 3
+  # epochs accuracy was 0.33 to 0.45 with the rounding of the machine; at 8
+  # both evaluations reach 0.997 here (0.96 at 7, 0.87 at 6)
+  run = dict(RUN, model="cnn_bn", epochs=8, batch_size=16, lr=0.1)
   plain = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "p"), **run))
   abn = jaxdl.run(RunConfig.make(algorithm="asp", async_bn=True, out=str(tmp_path / "a"),
                                  **run))
   # the same training, evaluated with other statistics, which work as well
   assert abn["params_fingerprint"] == plain["params_fingerprint"]
   assert abn["model_state_fingerprint"] != plain["model_state_fingerprint"]
-  assert abn["test_accuracy"] > 0.4 and plain["test_accuracy"] > 0.4, (abn, plain)
-  assert abs(abn["test_accuracy"] - plain["test_accuracy"]) < 0.1
+  assert abn["test_accuracy"] > 0.85 and plain["test_accuracy"] > 0.85, (abn, plain)
+  assert abs(abn["test_accuracy"] - plain["test_accuracy"]) < 0.05
 
 
 @pytest.mark.parametrize("name", ["gosgd", "ad_psgd", "ar_sgd"])
