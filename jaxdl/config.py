@@ -453,6 +453,10 @@ def resolve(config: RunConfig):
     servers = ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).has_server)
     raise ConfigError("servers", config.cluster.servers,
                       f"1: {spec.name} keeps no parameter server to shard (these do: {servers})")
+  if engine == "ray" and config.cluster.servers != 1:
+    raise ConfigError("servers", config.cluster.servers,
+                      "1 with --engine ray, whose parameter server is one actor (--engine sim "
+                      "models k shards, each with its own link)")
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)

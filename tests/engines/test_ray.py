@@ -232,6 +232,8 @@ def test_ray_refuses_what_it_cannot_run():
                      "with --engine sim"):
     validate(RunConfig.make(algorithm="asp", engine="sim", workers=2,
                                          ray_address="localhost:1"))
+  with pytest.raises(ConfigError, match="--servers=2 is not valid: 1 with --engine ray"):
+    validate(RunConfig.make(algorithm="asp", engine="ray", workers=2, servers=2))
   # Ray itself would retry an address where nothing listens for minutes
   for address, why in (("nowhere", ""), ("127.0.0.1:1", "; nothing answers there")):
     with pytest.raises(ConfigError, match=f"--ray-address='{address}' is not valid: the "
