@@ -242,9 +242,12 @@ class Worker:
   """A worker: pulls, computes on what it pulled, pushes; until the server
   says the run is over."""
 
-  def __init__(self, config, task, worker: int, server):
+  def __init__(self, config, task, worker: int, server: str):
+    import ray
     built = _built(config, task)
-    self.w, self.server, self.streams = worker, server, built.streams
+    # the server by name: Ray cannot restart an actor whose constructor was
+    # given an actor handle (it keeps such arguments in the object store)
+    self.w, self.server, self.streams = worker, ray.get_actor(server), built.streams
     self.programs = EventPrograms(built.algorithm, built.streams)
 
   def identity(self) -> dict[str, Any]:

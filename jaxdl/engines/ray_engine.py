@@ -21,6 +21,7 @@ import dataclasses
 import os
 import socket
 import time
+import uuid
 import warnings
 from typing import Any
 
@@ -167,10 +168,11 @@ class RayEngine(_RayRun):
     cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
     observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
     if self.centralized:
+      name = f"jaxdl-server-{uuid.uuid4().hex}"
       self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(
-          max_concurrency=concurrency).remote(config, self.task, observed)
+          name=name, max_concurrency=concurrency).remote(config, self.task, observed)
       self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(Worker).remote(
-          config, self.task, w, self.server) for w in range(self.num_workers)]
+          config, self.task, w, name) for w in range(self.num_workers)]
     else:
       self.server = ray.remote(num_cpus=0, max_restarts=0)(Coordinator).options(
           max_concurrency=concurrency).remote(config, self.task, observed)
