@@ -315,6 +315,9 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   if args.jobs < 0:
     raise ConfigError("jobs", args.jobs, "a number >= 0 (0: one per CPU core)")
   grid = grid.with_run(**run_flags) if run_flags else grid
+  if str(run_flags.get("cluster", "")).endswith(".json") and "compute_time" not in run_flags:
+    # a measured profile's compute time, not the default grid's
+    grid = grid.replace(run=tuple((k, v) for k, v in grid.run if k != "compute_time"))
   if grid.measured:  # the simulated cluster's defaults do not apply
     engine = dict(grid.run)["engine"]
     for field, value in (("networks", args.networks), ("timing_networks", args.timing_networks),

@@ -63,6 +63,16 @@ def test_a_grid_on_real_processes_has_no_simulated_cluster():
     validate(grid.config(cell, Path("out")))  # every algorithm has a ray form
 
 
+def test_a_measured_profile_sets_the_grids_compute_time():
+  from jaxdl.compare import CompareArgs, apply_args
+  run = dict(apply_args(DEFAULT_GRID, CompareArgs(), {"cluster": "p.json"}).run)
+  assert "compute_time" not in run and run["cluster"] == "p.json"
+  given = {"cluster": "p.json", "compute_time": 1e-3}
+  assert dict(apply_args(DEFAULT_GRID, CompareArgs(), given).run)["compute_time"] == 1e-3
+  assert dict(apply_args(DEFAULT_GRID, CompareArgs(), {"cluster": "v100"}).run)[
+      "compute_time"] == 2e-4
+
+
 def test_setting_lists_expand_the_variants_they_apply_to():
   grid = Grid(variants=(Variant("asp"), Variant("ssp"), Variant("easgd")))
   grid = grid.with_setting("staleness_bound", (1, 5)).with_setting("communication_period", (2,))
