@@ -269,35 +269,47 @@ def decentralized(cost: CostModel, budget: Budget | int) -> Schedule:
   both models as they are then (the paper's atomic averaging; the worker is
   idle meanwhile). Real runs split workers into active and passive sets to
   avoid deadlock; a simulation serialises every exchange, so it needs no such
-  split.
+  split. With a central process's time per call (`cost.order_s`: a real
+  engine's coordinator), an update takes five calls, one at a time: the
+  worker's grant of its gradient and taking the pair, then the peer's grant
+  of the average, then releasing the pair and the apply's grant.
   """
-  sim, m = _Sim(cost, budget), cost.num_workers
-  COMPUTED, REPLY, AVERAGED = 0, 1, 2
+  sim, m, order = _Sim(cost, budget), cost.num_workers, cost.order_s
+  COMPUTED, REPLY, AVERAGED, PAIRED, GRANTED, APPLY = range(6)
 
   def start(w: int, c: int) -> None:
     sim.emit("pull", w, iteration=c)
     sim.at(sim.now + cost.compute_time(w, c), COMPUTED, w, c)
 
   def computed(w: int, c: int, _) -> None:
-    if m == 1:
-      averaged(w, c, -1)
+    peer = -1 if m == 1 else _other(cost.uniform("neighbour", w, c), w, m)
+    sim.served((1 if m == 1 else 2) * order, w, PAIRED, paired, w, c, peer)
+
+  def paired(w: int, c: int, peer: int) -> None:
+    if peer < 0:
+      averaged(w, c, peer)
     else:
-      peer = _other(cost.uniform("neighbour", w, c), w, m)
       sim.at(sim.net.peer(w, peer, sim.now), REPLY, w, c, peer)
 
   def reply(w: int, c: int, peer: int) -> None:
+    sim.served(order, peer, GRANTED, granted, w, c, peer)
+
+  def granted(w: int, c: int, peer: int) -> None:
     sim.at(sim.net.peer(peer, w, sim.now, waiter=w), AVERAGED, w, c, peer)
 
   def averaged(w: int, c: int, peer: int) -> None:
     if peer >= 0:
       sim.emit("average", w, iteration=c, peer=peer)
+    sim.served((1 if peer < 0 else 2) * order, w, APPLY, apply, w, c, peer)
+
+  def apply(w: int, c: int, _) -> None:
     if not sim.update("apply", w, iteration=c):
       start(w, c + 1)
 
   if not sim.done:
     for w in range(m):
       start(w, 0)
-  return sim.run((computed, reply, averaged))
+  return sim.run((computed, reply, averaged, paired, granted, apply))
 
 
 def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",

@@ -561,6 +561,16 @@ def test_a_coordinator_grants_one_event_at_a_time_by_hand():
   kinds = [(e.kind, e.worker, e.time) for e in gossip(cost, 3, probability=1.0)]
   assert kinds == [("local", 0, 1.5), ("send", 0, 1.5), ("local", 1, 2.0), ("send", 1, 2.0),
                    ("gossip", 0, 3.5), ("gossip", 1, 4.0), ("local", 0, 4.5)]
+  # AD-PSGD: five calls an update. Worker 0's gradient grant and pair end at
+  # 2 s, worker 1's (queued) at 3 s; the peer's grant of worker 0's average
+  # (asked at 2 s) ends at 3.5 s, of worker 1's at 4 s; releasing the pair
+  # and the apply's grant: worker 0 at 5 s, worker 1 at 6 s. One worker: two.
+  kinds = [(e.kind, e.worker, e.time) for e in decentralized(cost, 2)]
+  assert kinds == [("pull", 0, 0.0), ("pull", 1, 0.0), ("average", 0, 3.5),
+                   ("average", 1, 4.0), ("apply", 0, 5.0), ("pull", 0, 5.0), ("apply", 1, 6.0)]
+  one = CostModel(1, compute_s=1.0, model_bytes=0, bandwidth=1e9, latency=0, order_s=0.5)
+  assert [(e.kind, e.time) for e in decentralized(one, 2)] == [
+      ("pull", 0.0), ("apply", 2.0), ("pull", 2.0), ("apply", 4.0)]
   # EASGD: each local step granted (0.5 s), each exchange served (2 s)
   cost = CostModel(1, compute_s=1.0, model_bytes=0, bandwidth=1e9, latency=0, order_s=0.5,
                    server_s=2.0)
