@@ -1,6 +1,7 @@
 """A script's own task (jaxdl.task): model, loss and data passed to jaxdl.run."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -271,3 +272,41 @@ def test_a_registered_task_is_a_command_line_name(tmp_path, capsys):
                  "--no-progress"]) == 0
   finally:
     TASKS.remove("regression")
+
+
+def make_plugged() -> jaxdl.Task:
+  """An installed package's task (its entry point names this function)."""
+  return dataclasses.replace(task(), name="plugged")
+
+
+def test_an_installed_packages_task_is_found_by_its_entry_point(monkeypatch):
+  import importlib.metadata as metadata
+  from jaxdl.task import ENTRY_POINTS, TASKS, registered, task_names
+  entries = [metadata.EntryPoint("plugged", f"{__name__}:make_plugged", ENTRY_POINTS),
+             metadata.EntryPoint("spare", f"{__name__}:task", ENTRY_POINTS),
+             metadata.EntryPoint("elsewhere", f"{__name__}:task", "other.group")]
+  monkeypatch.setattr(metadata, "entry_points", lambda group, name=None: [
+      e for e in entries if e.group == group and name in (None, e.name)])
+  names = task_names()
+  assert "plugged" in names and "spare" in names and "elsewhere" not in names
+  assert "plugged" not in TASKS.names()  # listed, not imported
+  try:
+    assert registered("plugged").name == "plugged"  # imported when asked for
+    assert TASKS.names().count("plugged") == 1 and "spare" not in TASKS.names()
+  finally:
+    TASKS.remove("plugged")
+
+
+@pytest.mark.parametrize("made", [lambda: task(), lambda: {"name": "wrong"}],
+                         ids=["another name", "not a task"])
+def test_a_factory_must_return_a_task_of_its_name(made):
+  from jaxdl.task import TASKS, registered
+  TASKS.register("wrong")(made)
+  try:
+    with pytest.raises(TaskError) as error:
+      registered("wrong")
+    assert str(error.value) == ("task 'wrong', factory: a function that returns a Task "
+                                "named 'wrong'")
+    assert (error.value.field, error.value.value) == ("task", "wrong")
+  finally:
+    TASKS.remove("wrong")
