@@ -26,6 +26,7 @@ MODULE_TESTS = {
     "async_bn": ["tests/algorithms/test_async_bn.py"],
     "lc_asgd": ["tests/algorithms/test_async_bn.py", "tests/algorithms/test_lc_asgd.py"],
     "schedule": ["tests/cluster/test_schedule.py"],
+    "task": ["tests/test_task.py"],
 }
 ALWAYS = ["tests/algorithms/test_setting_ranges.py", "tests/test_fingerprints.py"]
 
@@ -36,8 +37,10 @@ def survivors(run_dir: Path) -> list[str]:
 
 
 def tests_for(name: str) -> list[str]:
-  module = name.split(".")[2]
+  module = name.rsplit(".", 1)[0].rsplit(".", 1)[1]  # jaxdl.algorithms.bsp.x_f__mutmut_1 -> bsp
   own = MODULE_TESTS.get(module, [f"tests/algorithms/test_{module}.py"])
+  if not any((ROOT / t).exists() for t in own):  # a module with no test file of its own
+    own = ["tests/algorithms"]
   return [t for t in dict.fromkeys(own + ALWAYS) if (ROOT / t).exists()]
 
 
