@@ -310,3 +310,44 @@ def test_a_factory_must_return_a_task_of_its_name(made):
     assert (error.value.field, error.value.value) == ("task", "wrong")
   finally:
     TASKS.remove("wrong")
+
+
+class Normed(nn.Module):
+  """Dense then batch norm: a Linen model with state besides its parameters."""
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return nn.BatchNorm(use_running_average=not train, momentum=0.5)(nn.Dense(3)(x))
+
+
+def test_from_linen_passes_the_keywords_and_keeps_batch_norm_state():
+  x = np.random.default_rng(0).normal(size=(8, FEATURES)).astype(np.float32)
+  # a stateless model: the call's keywords reach it (dropout on, as flax does it)
+  params, state = INIT(jax.random.key(0))
+  assert state == {}
+  rngs = {"dropout": jax.random.key(1)}
+  out, _ = APPLY(params, state, x, train=True, rngs=rngs)
+  np.testing.assert_array_equal(out, MODEL.apply({"params": params}, x, train=True, rngs=rngs))
+  assert not np.allclose(out, APPLY(params, state, x)[0])
+  # batch statistics: init's keywords reach init, training updates them by hand's rule
+  init, apply = jaxdl.from_linen(Normed(), np.zeros((2, FEATURES), np.float32), train=False)
+  params, state = init(jax.random.key(0))
+  assert set(state) == {"batch_stats"} and set(params) == {"Dense_0", "BatchNorm_0"}
+  out, new = apply(params, state, x, train=True)
+  h = x @ np.asarray(params["Dense_0"]["kernel"]) + np.asarray(params["Dense_0"]["bias"])
+  stats = new["batch_stats"]["BatchNorm_0"]
+  np.testing.assert_allclose(stats["mean"], 0.5 * h.mean(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats["var"], 0.5 + 0.5 * h.var(0), rtol=1e-5)
+  np.testing.assert_allclose(out, (h - h.mean(0)) / np.sqrt(h.var(0) + 1e-5), rtol=1e-4,
+                             atol=1e-5)
+  # evaluation reads them and leaves them
+  out, same = apply(params, new, x, train=False)
+  assert same is new or jax.tree.all(jax.tree.map(np.array_equal, same, new))
+  np.testing.assert_allclose(out, (h - stats["mean"]) / np.sqrt(stats["var"] + 1e-5),
+                             rtol=1e-4, atol=1e-5)
+  # a model without parameters has an empty dict of them
+  class Twice(nn.Module):
+    def __call__(self, x):
+      return 2 * x
+  init, apply = jaxdl.from_linen(Twice(), x)
+  assert init(jax.random.key(0)) == ({}, {})
