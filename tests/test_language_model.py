@@ -38,3 +38,11 @@ def test_a_model_of_the_other_kind_is_refused(tmp_path, dataset, model, kind):
     jaxdl.run(RunConfig.make(dataset=dataset, model=model, steps=1,
                              out=str(tmp_path / "x"), progress=False))
   assert not (tmp_path / "x").exists()
+
+
+def test_a_language_model_task_is_a_transformer_unless_told():
+  from jaxdl.data.text import load_text
+  from jaxdl.task import language_model
+  dataset = load_text("python_docs")
+  task = language_model(dataset)
+  assert task.name == "python_docs/transformer" == language_model(dataset, "transformer").name
