@@ -438,6 +438,21 @@ def test_bsp_serves_the_pulls_in_rotation_by_hand():
   assert waits == pytest.approx({(0, 0): 2.35, (0, 1): 2.85, (0, 2): 3.1,
                                  (1, 0): 3.1, (1, 1): 2.6, (1, 2): 1.85,
                                  (2, 0): 1.1, (2, 1): 3.6, (2, 2): 2.85})
+  # queued on the server's links: w0's push 1.25 s at step 0 and its pull 2 s
+  # at step 1; w1's push 0.75, pull 1, push 0.5; w2's pull 2, push 0.75, pull 1,
+  # push 0.25
+  assert events.queued_s == pytest.approx((3.25, 2.25, 4.0))
+
+
+def test_a_bsp_worker_done_at_the_barrier_records_no_wait():
+  """Free messages: the barrier is the slowest worker's finish, and it does
+  not wait for itself."""
+  cost = CostModel(2, compute_s=1.0, model_bytes=0, bandwidth=1e9, latency=0,
+                   speeds=(1.0, 2.0))
+  events = synchronous(cost, 2, "ps")
+  assert [(e.kind, e.worker, e.time, e.duration) for e in events] == [
+      ("wait", 1, 1.0, 0.5), ("step", -1, 1.0, 0.0), ("wait", 1, 2.0, 0.5),
+      ("step", -1, 2.0, 0.0)]
 
 
 def test_decentralized_by_hand():
