@@ -57,7 +57,7 @@ def build(settings, problem: Problem, num_workers: int) -> Decentralized:
   def apply(worker: PeerWorker) -> PeerWorker:
     """The worker applies its (stale) gradient to its own model."""
     state = problem.apply_gradients(TrainState(*worker[:3]), worker.grads, worker.model_state)
-    return worker._replace(params=state.params, opt_state=state.opt_state)
+    return worker._replace(**state._asdict())
 
   return Decentralized(
       init=init, pull=lambda worker: worker._replace(pulled=worker.params), compute=compute,
