@@ -111,8 +111,9 @@ def _check_iterations(iterations: int) -> None:
 
 
 def _other(u: float, worker: int, num_workers: int) -> int:
-  """A uniformly random worker other than `worker`, from a uniform draw u."""
-  k = min(int(u * (num_workers - 1)), num_workers - 2)
+  """A uniformly random worker other than `worker`, from a uniform draw u in
+  [0, 1) (numpy's: a multiple of 2**-53, so u * n rounds below n)."""
+  k = int(u * (num_workers - 1))
   return k if k < worker else k + 1
 
 

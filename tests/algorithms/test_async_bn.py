@@ -84,6 +84,12 @@ def test_the_refusal_names_the_flag_and_the_algorithm():
   assert (error.value.field, error.value.value) == ("async_bn", True)
   assert str(error.value) == ("--async-bn=True is not valid: only for asynchronous algorithms "
                               "with a server (asp, ssp, easgd, dc_asgd, lc_asgd); bsp has none")
+  # and wrapping one directly, as a script could, is refused the same way
+  problem = Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
+  bsp = algorithms.build(ALGORITHMS.get("bsp"), RunConfig.make(algorithm="bsp").settings(),
+                         problem, 2)
+  with pytest.raises(ConfigError, match="; bsp has none$"):
+    async_bn.wrap(bsp, problem, 0.9, "bsp")
 
 
 @pytest.mark.parametrize("name,flags", [("lc_asgd", {}), ("easgd", {"communication_period": 2})])

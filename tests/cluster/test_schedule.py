@@ -495,6 +495,8 @@ def test_a_random_peer_is_uniform_over_the_others():
       peers = [_other(u, worker, m) for u in np.arange(0, 1, 1 / (60 * (m - 1)))]
       counts = collections.Counter(peers)
       assert worker not in counts and set(counts.values()) == {60}, (m, worker, counts)
+      # the largest draw below 1 picks the last other worker
+      assert _other(1 - 2**-53, worker, m) == (m - 1 if worker < m - 1 else m - 2)
 
 
 def test_ssp_by_hand():
