@@ -550,6 +550,11 @@ def test_allreduce_and_local_sgd_by_hand(mode, expected):
   got = [(e.time, e.kind, e.worker, e.iteration, e.duration) for e in events]
   assert got == [tuple(pytest.approx(x) if isinstance(x, float) else x for x in row)
                  for row in expected]
+  # a ring has no queue; a model crosses each link twice per round, and
+  # local SGD averages every step unless told
+  assert events.queued_s == (0.0, 0.0)
+  assert events.bytes_total == (2 if mode == "allreduce" else 1) * 2 * 1e9
+  assert synchronous(cost, 2, "local") == synchronous(cost, 2, "allreduce")
 
 
 def test_a_central_process_serves_one_update_at_a_time_by_hand():
