@@ -119,8 +119,9 @@ class LossPredictor:
     return LossState(model, loss, state.seen + 1)
 
   def rollout(self, state: LossState, loss, k) -> jax.Array:
-    """The predicted sum of the next `k` losses (k rounded, at most max_delay)."""
-    steps = jnp.clip(jnp.round(k), 0, self.max_delay)
+    """The predicted sum of the next `k` losses (k rounded, at most max_delay:
+    the scan runs max_delay steps)."""
+    steps = jnp.round(k)
 
     def next_loss(current, i):
       predicted = self.predict_next(state, current)

@@ -57,14 +57,20 @@ def test_compensation_needs_its_extra_arguments():
     delay_compensation().update(G, delay_compensation().init(W), W)
   assert str(error.value) == ("delay_compensation needs the current params and w_bak, the "
                               "parameters the gradient was computed on")
-  with pytest.raises(ValueError, match="delay_loss_slope"):
+  with pytest.raises(ValueError) as error:
     loss_compensation(0.1).update(G, optax.EmptyState())
+  assert str(error.value) == "loss_compensation needs delay_loss_slope, d l_delay / d l_m"
 
 
 def test_loss_compensation_scales_by_the_rollout_slope():
   tx = optax.chain(loss_compensation(0.1), optax.sgd(1.0))
   updates, _ = tx.update(G, tx.init(W), W, delay_loss_slope=jnp.float32(3.0))
   np.testing.assert_allclose(updates, -(1 + 0.1 * 3.0) * G, rtol=1e-6)
+  # stateless, and the updates keep their dtype (bfloat16 parameters)
+  alone = loss_compensation(0.1)
+  assert alone.init(W) == optax.EmptyState()
+  half = alone.update(G.astype(jnp.bfloat16), alone.init(W), delay_loss_slope=jnp.float32(3.0))[0]
+  assert half.dtype == jnp.bfloat16
 
 
 def test_the_transform_defaults_are_dc_asgds_and_constant_lambda_keeps_no_state():

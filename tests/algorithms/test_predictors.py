@@ -18,6 +18,18 @@ def test_loss_predictor_learns_an_exponential_decay():
   np.testing.assert_allclose(l_delay, losses[30:35].sum(), rtol=1e-3)
   np.testing.assert_allclose(slope, sum(r ** i for i in range(1, 6)), rtol=1e-3)
   assert float(predictor.compensation(state, losses[29], 0.0)[0]) == 0.0  # no delay, no loss
+  # a delay past max_delay rolls out max_delay steps
+  np.testing.assert_array_equal(predictor.compensation(state, losses[29], 20.0),
+                                predictor.compensation(state, losses[29], 8.0))
+
+
+def test_a_time_first_observed_as_zero_leaves_the_prediction_finite():
+  """A zero time (no communication, say) sets no scale: it stays 0, not 0/0."""
+  predictor = StepPredictor()
+  state = predictor.update(predictor.init(2), 0, 0.0, 2.0, 3.0)
+  assert list(state.time_scale) == [0.0, 2.0]
+  assert np.isfinite(float(predictor.predict(state, 1, 0.0, 1.0)))
+  assert np.all(np.isfinite(np.asarray(state.model.theta)))
 
 
 def test_step_predictor_learns_delays_linear_in_compute_time():
