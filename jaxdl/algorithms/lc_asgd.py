@@ -129,7 +129,7 @@ def build(settings: LCSettings, problem: Problem, num_workers: int,
     return {"lc_delay_mae": e[0] / n, "lc_delay_predicted_mean": e[1] / n,
             "lc_delay_actual_mean": e[2] / n, "lc_loss_mae": e[4] / jnp.maximum(e[5], 1)}
 
-  ps = asp.parameter_server(problem, num_workers, optimizer=optimizer)
+  ps = asp.parameter_server(problem, num_workers)  # its optimizer's handlers replaced below
   return dataclasses.replace(ps, init_server=init_server, init=init, compute=compute,
                              pull=pull, apply=apply, report=report)
 

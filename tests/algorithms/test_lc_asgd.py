@@ -1,4 +1,5 @@
 """LC-ASGD: ASP with loss-prediction compensation."""
+import pytest
 import jaxdl
 from jaxdl.config import RunConfig
 
@@ -35,3 +36,24 @@ def test_workers_keep_their_batch_norm_statistics():
   state, _ = train(engine, 3)
   assert all(not np.allclose(a, b) for a, b in
              zip(leaves(state.workers.model_state), initial))
+
+
+def test_the_report_divides_the_error_sums_by_their_counts():
+  """errors = sums of |k - delay|, k, delay, updates, |loss error|, losses seen."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from jaxdl import algorithms
+  from jaxdl.algorithms import ALGORITHMS, Problem
+  from jaxdl.models import build_model
+  from jaxdl.task import classification
+  problem = Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
+  lc = algorithms.build(ALGORITHMS.get("lc_asgd"), RunConfig.make(algorithm="lc_asgd").settings(),
+                        problem, 2)
+  server = lc.init_server(jax.random.key(0))
+  for errors, expected in (([0.5, 2.0, 3.0, 1.0, 0.0, 0.0], [0.5, 2.0, 3.0, 0.0]),
+                           ([1.0, 4.0, 6.0, 2.0, 0.3, 1.0], [0.5, 2.0, 3.0, 0.3])):
+    report = lc.report(server._replace(errors=jnp.asarray(errors, jnp.float32)))
+    got = [float(report[k]) for k in ("lc_delay_mae", "lc_delay_predicted_mean",
+                                      "lc_delay_actual_mean", "lc_loss_mae")]
+    assert got == pytest.approx(expected)
