@@ -46,3 +46,24 @@ def test_a_language_model_task_is_a_transformer_unless_told():
   dataset = load_text("python_docs")
   task = language_model(dataset)
   assert task.name == "python_docs/transformer" == language_model(dataset, "transformer").name
+  assert (task.target, task.higher_is_better) == ("nats_per_char", False)
+
+
+def test_the_language_models_loss_is_the_weighted_mean_of_its_windows_nats():
+  """A window's loss is its mean nats per character (evaluate's figure); a
+  batch's is the windows' weighted sum, with the batch's shares as weights."""
+  import jax
+  import numpy as np
+  from jaxdl.data.text import load_text
+  from jaxdl.task import language_model
+  task = language_model(load_text("python_docs"))
+  params, state = task.init(jax.random.key(0))
+  tokens = task.test.gather(np.arange(2))["tokens"]
+  alone = [float(task.loss(params, state, {"tokens": tokens[i:i + 1], "weight": np.ones(1)},
+                           None)[0]) for i in range(2)]
+  for i in range(2):
+    nats = task.evaluate(params, state, {"tokens": tokens[i:i + 1]})["nats_per_char"]
+    assert alone[i] == pytest.approx(float(nats), rel=1e-6)
+  assert alone[0] != pytest.approx(alone[1], rel=1e-3)
+  both = task.loss(params, state, {"tokens": tokens, "weight": np.array([0.25, 0.75])}, None)[0]
+  assert float(both) == pytest.approx(0.25 * alone[0] + 0.75 * alone[1], rel=1e-5)
