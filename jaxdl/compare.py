@@ -20,6 +20,7 @@ import dataclasses
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -451,6 +452,10 @@ def _worker_init(parent: int) -> None:
 
 
 def _end_cell(signum, frame) -> None:
+  # An asynchronous checkpoint the cell was writing dies with its process
+  # (orbax logs its thread's error at shutdown): the next run resumes from the
+  # last complete one.
+  logging.getLogger("absl").setLevel(logging.CRITICAL)
   raise SystemExit(128 + signum)
 
 
