@@ -27,8 +27,11 @@ def test_bsp_with_server_shards_is_the_same_update():
 def test_bsp_server_shards_must_divide_the_workers():
   with pytest.raises(ConfigError, match="--servers=3"):
     validate(RunConfig.make(algorithm="bsp", workers=4, servers=3))
-  with pytest.raises(ConfigError, match="--optimizer='lamb'.*ar_sgd"):
+  with pytest.raises(ConfigError) as error:
     validate(RunConfig.make(algorithm="bsp", workers=4, optimizer="lamb"))
+  assert str(error.value) == ("--optimizer='lamb' is not valid: an elementwise optimizer for "
+                              "bsp, whose server updates flat slices (use --algorithm ar_sgd "
+                              "for layer-wise ones)")
 
 
 def test_adamw_with_weight_decay_reads_the_servers_own_slice():
