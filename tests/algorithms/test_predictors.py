@@ -98,3 +98,11 @@ def test_two_loss_predictor_updates_by_hand_with_forgetting():
   np.testing.assert_allclose(state.model.theta, gain * l2, rtol=1e-5)
   np.testing.assert_allclose(state.model.cov, (1000 * np.eye(2) - np.outer(gain, 1000 * x)) / f,
                              rtol=1e-4, atol=1e-3)
+
+
+def test_regression_forgets_nothing_unless_told():
+  from jaxdl.algorithms.predictors import Regression
+  x, y = np.array([1.0, 2.0], np.float32), np.float32(3.0)
+  default, explicit = Regression.create(2).update(x, y), Regression.create(2).update(x, y, 1.0)
+  np.testing.assert_array_equal(default.theta, explicit.theta)
+  np.testing.assert_array_equal(default.cov, explicit.cov)
