@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
+from jaxdl.cluster import is_profile
 from jaxdl.config import RUN_CONTROL_FIELDS, SIMULATED_ONLY, RunConfig
 from jaxdl.errors import ConfigError, flag
 
@@ -316,7 +317,7 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   if args.jobs < 0:
     raise ConfigError("jobs", args.jobs, "a number >= 0 (0: one per CPU core)")
   grid = grid.with_run(**run_flags) if run_flags else grid
-  if str(run_flags.get("cluster", "")).endswith(".json") and "compute_time" not in run_flags:
+  if is_profile(run_flags.get("cluster", "")) and "compute_time" not in run_flags:
     # a measured profile's compute time, not the default grid's
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run if k != "compute_time"))
   if grid.measured:  # the simulated cluster's defaults do not apply

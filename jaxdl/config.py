@@ -413,7 +413,7 @@ def validate(config: RunConfig) -> RunConfig:
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])
   cluster.parse_bandwidth(c["network"])
-  if c["cluster"].endswith(".json"):
+  if cluster.is_profile(c["cluster"]):
     cluster.read_profile(c["cluster"])
   else:
     cluster.parse_cluster(c["cluster"])

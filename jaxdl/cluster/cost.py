@@ -93,6 +93,11 @@ class Profile:
   bandwidth: float = 1e15  # bytes/s between workers
 
 
+def is_profile(cluster: str) -> bool:
+  """Whether a --cluster value names a measured profile (PATH.json), not a device."""
+  return str(cluster).endswith(".json")
+
+
 def read_profile(path: str) -> Profile:
   """The cost profile in the JSON file `path` (fields of `Profile`, and
   whatever else the measurement recorded)."""

@@ -62,7 +62,7 @@ def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
   common = dict(servers=c.servers, speeds=speeds, jitter=c.jitter,
                 straggler_prob=c.straggler_prob, straggler_slowdown=c.straggler_slowdown,
                 seed=config.train.seed)
-  if c.cluster.endswith(".json"):
+  if cluster.is_profile(c.cluster):
     return cluster.CostModel(m, model_bytes=problem.model_bytes(),
                              **measured_costs(config, mean_batch), **common)
   count, profile = cluster.parse_cluster(c.cluster)
