@@ -22,7 +22,8 @@ Event kinds, by the shape of the algorithm's communication
     "send"   after that step, worker halves its weight and sends (x, a) to
              `peer`: the message is fixed here and held in flight
     "gossip" the message worker sent after step `iteration` arrives, and
-             `peer` merges it
+             `peer` merges it (the sender itself, on a real engine, when
+             the receiver's process had died: no weight is lost)
   decentralized (ad_psgd):
     "pull"   worker reads its own parameters and starts iteration `iteration`
              on that snapshot
@@ -33,9 +34,11 @@ Event kinds, by the shape of the algorithm's communication
     "step"   all workers take global step `iteration` together
 
 "wait" events (a worker idle, e.g. blocked by SSP's bound or at a barrier)
-carry no math and only feed the statistics; neither do "restart" events (a
-real engine's worker process failed and was restarted at its clock
-`iteration`; it pulls again).
+carry no math and only feed the statistics; neither does a parameter
+server's "restart" (a real engine's worker process failed and was restarted
+at its clock `iteration`; it pulls again). A "restart" that names a `peer`
+(a worker that kept its own model: easgd, gosgd, ad_psgd) gives the
+restarted worker a copy of that peer's whole state at that point.
 
 A training step is one global batch of samples on every engine, B = the sum
 of the workers' batch sizes: a synchronous "step" event processes B, and an

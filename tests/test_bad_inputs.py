@@ -13,6 +13,7 @@ import jaxdl
 from jaxdl.cli import main
 from jaxdl.config import RunConfig
 from jaxdl.data import SYNTHETIC_MAX_BYTES, synthetic_max_size
+from jaxdl.trace import Event, write_trace
 from tests.helpers import snapshot
 
 RUN = ["run", "--model", "mlp", "--steps", "2", "--no-progress"]
@@ -127,6 +128,18 @@ def test_replay_of_a_matching_trace_still_runs(tmp_path, asp_run):
                                      workers=4, out=str(tmp_path / "run"), progress=False,
                                      replay=str(asp_run / "trace.jsonl")))
   assert summary["status"] == "completed" and summary["steps"] == 2
+
+
+def test_replay_of_a_restart_from_a_peer_without_its_config(capsys, tmp_path):
+  # A real engine's worker that rejoined with a peer's copy replays one event at a time.
+  trace = tmp_path / "trace.jsonl"
+  write_trace(trace, [Event(0.0, "local", 0, 0), Event(0.1, "restart", 1, 0, peer=0),
+                      Event(0.2, "local", 1, 0), Event(0.3, "local", 0, 1),
+                      Event(0.4, "local", 1, 1)])
+  out = tmp_path / "run"
+  line = refused(capsys, _replay(out, trace, "--algorithm", "easgd", "--workers", "2"),
+                 "--replay", out)
+  assert "config.json" in line
 
 
 # ---------------------------------------------------------------- --experiment

@@ -118,6 +118,9 @@ class EventReplay:
     centralized = isinstance(algorithm, Centralized)
     put = lambda states, w, v: jax.tree.map(lambda x, y: x.at[w].set(y), states, v)
     for i, e in enumerate(events):
+      if e.kind == "restart" and e.peer >= 0:  # the worker rejoins with a copy of peer's state
+        workers = put(workers, e.worker, take(workers, e.peer))
+        continue
       if e.kind in ("wait", "restart"):  # no math
         continue
       w, shares = e.worker, None

@@ -12,7 +12,16 @@ after that is dropped, as an iteration still in flight at the end of a
 simulated schedule is. A parameter server (`Server`, with `Worker`) applies
 every push on arrival, in the order pushes really arrive, and under SSP
 holds a worker's pull until the slowest clock allows it. A `Coordinator`
-(with `Peer`) serves workers that keep their own models: EASGD, AD-PSGD.
+(with `Peer`) serves workers that keep their own models: EASGD, GoSGD,
+AD-PSGD.
+
+A worker whose process dies is restarted by Ray. A parameter server's
+worker pulls again at its clock (its in-flight iteration is dropped). A
+worker that kept its own model rejoins with a copy of another worker's
+whole state, taken in the trace's order (a "restart" event naming that
+peer); whatever the dead process held that no other process had is lost
+with it, in the run as in its replay. Calls made by a dead process's
+incarnation that arrive after its restart are refused.
 """
 from __future__ import annotations
 
@@ -77,6 +86,7 @@ class _Ledger:
     self.sums, self.count, self.names = {}, 0, set()
     self.snapshots: dict[int, Any] = {}
     self.changed = asyncio.Condition()
+    self.incarnation = [0] * self.m  # a worker's restarts: older calls are refused
 
   def identity(self) -> dict[str, Any]:
     return process_identity("server")
@@ -112,6 +122,10 @@ class _Ledger:
 
   def _now(self) -> float:
     return time.time() - self.start
+
+  def _stale(self, w: int, incarnation: int | None) -> bool:
+    """Is this a call of worker w's process from before its restart?"""
+    return incarnation is not None and incarnation != self.incarnation[w]
 
   def _event(self, kind: str, worker: int, **fields) -> None:
     self.events.append(Event(self._now(), kind, worker, **fields))
@@ -174,7 +188,6 @@ class Server(_Ledger):
   def __init__(self, config, task, observed: list[int]):
     super().__init__(config, task, observed)
     self.bound = self.algorithm.staleness_bound
-    self.incarnation = [0] * self.m  # a worker's restarts: older calls are dropped
     self.version = 0
 
   def warm_up(self) -> None:
@@ -193,7 +206,7 @@ class Server(_Ledger):
     """Worker w's next pull: (its state, its iteration), or None once the run
     is over (or for a call of a worker's earlier incarnation). `seconds`: its
     last measured transfer time, the pull's duration."""
-    stale = lambda: incarnation != self.incarnation[w]
+    stale = lambda: self._stale(w, incarnation)
     if stale():
       return None
     c = self.clocks[w]
@@ -217,7 +230,7 @@ class Server(_Ledger):
   async def push(self, w: int, c: int, worker, compute_s: float, transfer_s: float,
                  metrics: dict[str, float], incarnation: int = 0):
     """Applies worker w's iteration c on arrival, then serves its next pull."""
-    if self.finished or incarnation != self.incarnation[w]:
+    if self.finished or self._stale(w, incarnation):
       return None
     self.bytes_total += _nbytes(worker)
     d = np.float32(compute_s)
@@ -294,7 +307,8 @@ class Coordinator(_Ledger):
   def __init__(self, config, task, observed: list[int]):
     super().__init__(config, task, observed)
     self.owed: list[list[int]] = [[] for _ in range(self.m)]  # cuts a worker still owes
-    self.paired: set[int] = set()
+    self.partner: dict[int, int] = {}  # AD-PSGD's pairs, both ways; a donor: itself
+    self.undelivered: set[tuple[int, int]] = set()  # GoSGD's messages: (sender, step)
 
   def warm_up(self) -> None:
     """Compiles the exchange with the center (its result is dropped)."""
@@ -323,13 +337,18 @@ class Coordinator(_Ledger):
 
   async def ticket(self, w: int, kind: str, iteration: int, peer: int = -1,
                    metrics: dict[str, float] | None = None, nbytes: int = 0,
-                   seconds: float | None = None):
+                   seconds: float | None = None, incarnation: int | None = None):
     """May worker w take its event `kind` now? (yes, the cuts owed by the
     workers the event changes: the caller deposits their models as they are
     before it). A "gossip" changes only its receiver, `peer`; an "average"
     both. Metrics and `seconds`: those of a gradient computed for the
     event (its measured compute time, the event's duration); an "apply" or
-    "local" is an update, and counts towards the budget."""
+    "local" is an update, and counts towards the budget. `incarnation`:
+    that of the process that made worker w's part of the event (no: a
+    process from before w's restart)."""
+    if self._stale(w, incarnation) or (
+        kind == "gossip" and (w, iteration) not in self.undelivered):
+      return False, {}  # a message is merged once
     owed = self._owed(*{"average": (w, peer), "gossip": (peer,)}.get(kind, (w,)))
     if self.finished:
       return False, owed
@@ -340,18 +359,24 @@ class Coordinator(_Ledger):
       self._add(metrics)
     if kind == "send":  # GoSGD: the message, at its sending
       self.bytes_total += nbytes
+      self.undelivered.add((w, iteration))
+    if kind == "gossip":
+      self.undelivered.discard((w, iteration))
     if kind in ("apply", "local"):
       self._update(w)
       await self._notify()
     return True, owed
 
-  async def stopped(self, w: int, state) -> None:
+  async def stopped(self, w: int, state, incarnation: int) -> None:
     """Worker w has stopped, with its model `state`: its model at every cut it owes."""
-    await self.deposit(self._owed(w), {w: state})
+    if not self._stale(w, incarnation):
+      await self.deposit(self._owed(w), {w: state})
 
-  async def exchange(self, w: int, c: int, worker):
+  async def exchange(self, w: int, c: int, worker, incarnation: int):
     """EASGD: worker w's model meets the center on arrival, after its local
     step c. The worker's new model, or None once the run is over."""
+    if self._stale(w, incarnation):
+      return None
     await self.deposit(self._owed(w), {w: worker})
     if self.finished:
       return None
@@ -360,24 +385,64 @@ class Coordinator(_Ledger):
     self.bytes_total += 2 * _nbytes(worker)
     return jax.device_get(worker)
 
-  async def pair(self, w: int, peer: int, c: int) -> bool:
+  async def _taken(self, *workers: int) -> None:
+    """Once none of `workers` is in an average (or giving its model)."""
+    async with self.changed:
+      await self.changed.wait_for(
+          lambda: self.finished or not set(workers) & self.partner.keys())
+
+  async def pair(self, w: int, peer: int, c: int, incarnation: int) -> bool:
     """AD-PSGD: takes workers w and `peer` for an average, once neither is in
     another; False once the run is over."""
     since = self._now()
-    async with self.changed:
-      await self.changed.wait_for(
-          lambda: self.finished or not {w, peer} & self.paired)
-    if self.finished:
+    await self._taken(w, peer)
+    if self.finished or self._stale(w, incarnation):
       return False
     if self._now() > since:
       self._event("wait", w, iteration=c, duration=self._now() - since)
-    self.paired |= {w, peer}
+    self.partner.update({w: peer, peer: w})
     return True
 
-  async def unpair(self, w: int, peer: int, nbytes: int) -> None:
-    self.paired -= {w, peer}
+  def _release(self, w: int) -> None:
+    """Ends worker w's average (or donation)."""
+    peer = self.partner.pop(w, None)
+    if peer is not None:
+      self.partner.pop(peer, None)
+
+  async def unpair(self, w: int, nbytes: int) -> None:
+    self._release(w)
     self.bytes_total += nbytes
     await self._notify()
+
+  def cancel(self, w: int, peer: int, c: int) -> None:
+    """AD-PSGD: worker w's average with `peer` (after its iteration c's
+    gradient) never reached w, as peer's process died: it did not happen.
+    Nothing came after it that read either model: w waited for it, and the
+    dead peer rejoins with another's model."""
+    for i in range(len(self.events) - 1, -1, -1):
+      e = self.events[i]
+      if (e.kind, e.worker, e.peer, e.iteration) == ("average", w, peer, c):
+        del self.events[i]
+        return
+
+  async def reserve(self, donor: int) -> None:
+    """Takes worker `donor` out of averages until it has given its model (`rejoin`)."""
+    await self._taken(donor)
+    self.partner[donor] = donor
+
+  async def rejoin(self, w: int, donor: int, state) -> tuple[bool, int, int]:
+    """Worker w's process died: it restarts with `state`, a copy of worker
+    `donor`'s. A "restart" event at w's clock names the donor; w's cuts
+    still owed are given that model (its own died with it). (whether it
+    works on, its clock, its new incarnation)."""
+    self.incarnation[w] += 1
+    self._release(donor)
+    self._release(w)  # an average it had taken
+    await self.deposit(self._owed(w), {w: state})
+    if not self.finished:
+      self._event("restart", w, iteration=self.clocks[w], peer=donor)
+    await self._notify()
+    return not self.finished, self.clocks[w], self.incarnation[w]
 
 
 class Peer:
@@ -385,13 +450,15 @@ class Peer:
   actor, its own loop in one thread while peers' messages and averages
   arrive in others; a lock makes each event on its model whole."""
 
-  def __init__(self, config, task, worker: int, coordinator):
+  def __init__(self, config, task, worker: int, coordinator: str):
+    import ray
     built = _built(config, task)
-    self.w, self.coordinator, self.streams = worker, coordinator, built.streams
+    # the coordinator by name: Ray can restart this actor (see Worker)
+    self.w, self.coordinator, self.streams = worker, ray.get_actor(coordinator), built.streams
     self.algorithm, self.seed = built.algorithm, config.train.seed
     self.programs = EventPrograms(built.algorithm, built.streams)
     self.lock = threading.Lock()
-    self.state = None
+    self.state, self.incarnation = None, 0  # no model until `run` gives it one
 
   def identity(self) -> dict[str, Any]:
     return process_identity(f"worker {self.w}")
@@ -409,29 +476,48 @@ class Peer:
       jax.block_until_ready((p.apply((), worker, np.float32(0.0)), p.pair(worker, worker)))
 
   def _ask(self, w: int, kind: str, c: int, peer: int = -1, metrics=None,
-           models=None, nbytes: int = 0, seconds: float | None = None) -> bool:
+           models=None, nbytes: int = 0, seconds: float | None = None,
+           incarnation: int | None = None) -> bool:
     """Asks for worker w's event (holding the lock), and deposits the models
     at the cuts owed: `models`, each worker's before the event (unset: this
-    worker's own)."""
+    worker's own). `incarnation`: that of another worker w's process (None:
+    not checked); this worker's own is known."""
     import ray
+    incarnation = self.incarnation if w == self.w else incarnation
     granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics, nbytes,
-                                                           seconds))
+                                                           seconds, incarnation))
     if owed:
       models = models or {self.w: self.state}
       ray.get(self.coordinator.deposit.remote(
           owed, {v: jax.device_get(models[v]) for v in owed}))
     return granted
 
-  def run(self, state, clock: int, peers: list) -> None:
+  def run(self, state, clock: int, peers: list, incarnation: int = 0) -> None:
     """Works from `state` at its clock until the run is over. `peers`: every
-    worker's actor, for GoSGD and AD-PSGD."""
+    worker's actor, for GoSGD and AD-PSGD; `incarnation`: how many times
+    this worker's process was restarted."""
     import ray
-    self.state = state
+    with self.lock:
+      self.state, self.incarnation = state, incarnation
     run = {Elastic: self._elastic, Gossip: self._gossip}.get(type(self.algorithm),
                                                              self._decentralized)
     run(clock, peers)
     with self.lock:
-      ray.get(self.coordinator.stopped.remote(self.w, jax.device_get(self.state)))
+      ray.get(self.coordinator.stopped.remote(self.w, jax.device_get(self.state),
+                                              self.incarnation))
+
+  def donate(self, w: int):
+    """Worker w's process died: it rejoins with a copy of this worker's state,
+    taken between this worker's events. (that state, whether w works on, its
+    clock, its incarnation), or None if this worker has no model either."""
+    import ray
+    ray.get(self.coordinator.reserve.remote(self.w))
+    with self.lock:
+      state = None if self.state is None else jax.device_get(self.state)
+      if state is None:  # restarting itself
+        ray.get(self.coordinator.unpair.remote(self.w, 0))
+        return None
+      return (state, *ray.get(self.coordinator.rejoin.remote(w, self.w, state)))
 
   def _local(self, c: int) -> bool:
     """Local step c on its own model, if the run is not over."""
@@ -454,8 +540,8 @@ class Peer:
     while self._local(c):
       if (c + 1) % self.algorithm.period == 0:  # it waits for the center's reply
         with self.lock:
-          new = ray.get(self.coordinator.exchange.remote(self.w, c,
-                                                        jax.device_get(self.state)))
+          new = ray.get(self.coordinator.exchange.remote(self.w, c, jax.device_get(self.state),
+                                                        self.incarnation))
           if new is None:
             return
           self.state = new
@@ -466,7 +552,7 @@ class Peer:
     random peer; the worker goes on at once, the peer merges it on arrival
     (the draws are the same in every run)."""
     import ray
-    sent = []
+    sent = {}  # a message's delivery -> (its step, the message)
     while self._local(c):
       rng = np.random.default_rng([self.seed, self.w, c])
       if len(peers) > 1 and rng.random() < self.algorithm.probability:
@@ -477,15 +563,40 @@ class Peer:
           if not self._ask(self.w, "send", c, k, nbytes=_nbytes(message)):
             break
           self.state = new
-        sent.append(peers[k].receive.remote(self.w, c, message))  # the worker goes on
+        sent[peers[k].receive.remote(self.w, c, message)] = c, message  # it goes on
+      self._returned(sent, timeout=0)
       c += 1
-    ray.get(sent)  # a receiver's error is raised here
+    self._returned(sent, timeout=None)
 
-  def receive(self, w: int, c: int, message) -> None:
-    """GoSGD: worker w's message of its step c arrives; merged as sent."""
+  def _returned(self, sent: dict, timeout: float | None) -> None:
+    """Merges back the messages in `sent` whose receiver's process died or
+    had no model yet, once known (within `timeout` seconds; None: all): the
+    receiver's merge, as a gossip to itself, so that no weight is lost
+    (halved at every send, the weights of a worker whose peer is down would
+    otherwise reach 0)."""
+    import ray
+    if not sent:
+      return
+    done, _ = ray.wait(list(sent), num_returns=len(sent), timeout=timeout)
+    for ref in done:
+      c, message = sent.pop(ref)
+      try:
+        if ray.get(ref):
+          continue
+      except ray.exceptions.RayActorError:  # its process died, perhaps after the merge
+        pass
+      self.receive(self.w, c, message)
+
+  def receive(self, w: int, c: int, message) -> bool:
+    """GoSGD: worker w's message of its step c arrives; merged as sent,
+    unless it already was (or the run is over). False if this process was
+    restarted and has no model yet: the sender takes it back."""
     with self.lock:
+      if self.state is None:
+        return False
       if self._ask(w, "gossip", c, self.w, models={self.w: self.state}):
         self.state = self.programs.receive(self.state, message)
+      return True
 
   def _decentralized(self, c: int, peers) -> None:
     import ray
@@ -501,14 +612,20 @@ class Peer:
         self.state = new
       if len(peers) > 1:  # a uniformly random other worker, the same in every run
         k = self._other(np.random.default_rng([self.seed, self.w, c]), len(peers))
-        if not ray.get(self.coordinator.pair.remote(self.w, k, c)):
+        if not ray.get(self.coordinator.pair.remote(self.w, k, c, self.incarnation)):
           return
-        mine = jax.device_get(self.state)
-        averaged = ray.get(peers[k].average.remote(self.w, c, mine))
+        with self.lock:
+          mine = jax.device_get(self.state)
+        try:
+          over, averaged = ray.get(peers[k].average.remote(self.w, c, mine, self.incarnation))
+        except ray.exceptions.RayActorError:  # k's process died: no average
+          over, averaged = False, None
+          ray.get(self.coordinator.cancel.remote(self.w, k, c))
         if averaged is not None:
-          self.state = averaged
-        ray.get(self.coordinator.unpair.remote(self.w, k, 2 * _nbytes(mine)))
-        if averaged is None:
+          with self.lock:
+            self.state = averaged
+        ray.get(self.coordinator.unpair.remote(self.w, 2 * _nbytes(mine)))
+        if over:
           return
       with self.lock:
         if not self._ask(self.w, "apply", c):
@@ -516,14 +633,19 @@ class Peer:
         self.state = p.apply((), self.state, none)[1]
       c += 1
 
-  def average(self, w: int, c: int, worker):
+  def average(self, w: int, c: int, worker, incarnation: int):
     """AD-PSGD: worker w (after its iteration c's gradient) averages with this
-    one, atomically; w's new model, or None once the run is over."""
+    one, atomically: (whether the run is over, w's new model or None if no
+    average took place: the run is over, or this process was restarted and
+    has no model yet)."""
     with self.lock:
-      if not self._ask(w, "average", c, self.w, models={w: worker, self.w: self.state}):
-        return None
+      if self.state is None:
+        return False, None
+      if not self._ask(w, "average", c, self.w, models={w: worker, self.w: self.state},
+                       incarnation=incarnation):
+        return True, None
       worker, self.state = self.programs.pair(worker, self.state)
-      return jax.device_get(worker)
+      return False, jax.device_get(worker)
 
 
 class Process:

@@ -160,25 +160,21 @@ class RayEngine(_RayRun):
                config, total_steps: int):
     super().__init__(algorithm, problem, streams, config)
     ray = self._ray
-    # A parameter server's workers hold nothing between iterations: Ray
-    # restarts one whose process died. Others' models die with their process.
+    # Ray restarts a worker whose process died (ray_actors: what it rejoins with).
     self.centralized = isinstance(algorithm, Centralized)
     concurrency = max(64, 4 * self.num_workers)
     # The state travels to the driver only at the steps the runner reads it.
     cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
     observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
-    if self.centralized:
-      name = f"jaxdl-server-{uuid.uuid4().hex}"
-      self.server = ray.remote(num_cpus=0, max_restarts=0)(Server).options(
-          name=name, max_concurrency=concurrency).remote(config, self.task, observed)
-      self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(Worker).remote(
-          config, self.task, w, name) for w in range(self.num_workers)]
-    else:
-      self.server = ray.remote(num_cpus=0, max_restarts=0)(Coordinator).options(
-          max_concurrency=concurrency).remote(config, self.task, observed)
-      self.workers = [ray.remote(num_cpus=0, max_restarts=0)(Peer).options(
-          max_concurrency=4).remote(config, self.task, w, self.server)
-          for w in range(self.num_workers)]
+    # The workers find the central actor by its name: Ray cannot restart an
+    # actor whose constructor was given an actor handle.
+    name = f"jaxdl-server-{uuid.uuid4().hex}"
+    central, worker, options = ((Server, Worker, {}) if self.centralized else
+                                (Coordinator, Peer, {"max_concurrency": 4}))
+    self.server = ray.remote(num_cpus=0, max_restarts=0)(central).options(
+        name=name, max_concurrency=concurrency).remote(config, self.task, observed)
+    self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(worker).options(
+        **options).remote(config, self.task, w, name) for w in range(self.num_workers)]
     self.restarts = [0] * self.num_workers
     self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
     self.started_workers = False
@@ -208,16 +204,13 @@ class RayEngine(_RayRun):
       try:
         ray.get(ready[0])  # returns once the run is over
       except ray.exceptions.RayActorError:  # died, or unavailable while it restarts
-        if not self.centralized:
-          raise RuntimeError(
-              f"worker {w}'s process died, and its model with it (only a parameter "
-              "server's workers are restarted); --resume continues the run from its last "
-              "checkpoint") from None
         self._restart(w)
 
   def _restart(self, w: int) -> None:
-    """Worker w's process died: once Ray has restarted the actor, its
-    in-flight iteration is dropped and it pulls again at its clock."""
+    """Worker w's process died: once Ray has restarted the actor, a
+    parameter server's worker drops its in-flight iteration and pulls again
+    at its clock; a worker that kept its own model rejoins with a copy of
+    the next live worker's state."""
     ray = self._ray
     self.restarts[w] += 1
     deadline = time.monotonic() + RESTART_TIMEOUT_S
@@ -229,8 +222,25 @@ class RayEngine(_RayRun):
         if time.monotonic() > deadline:
           raise
         time.sleep(0.1)
-    incarnation = ray.get(self.server.restarted.remote(w))
-    self.running[self.workers[w].run.remote(incarnation)] = w
+    if self.centralized:
+      incarnation = ray.get(self.server.restarted.remote(w))
+      self.running[self.workers[w].run.remote(incarnation)] = w
+      return
+    for i in range(1, self.num_workers):
+      donor = self.workers[(w + i) % self.num_workers]
+      try:
+        given = ray.get(donor.donate.remote(w))
+      except ray.exceptions.RayActorError:  # that one's process died too
+        continue
+      if given is not None:
+        state, works_on, clock, incarnation = given
+        if works_on:
+          self.running[self.workers[w].run.remote(state, clock, self.workers,
+                                                  incarnation)] = w
+        return
+    raise RuntimeError(f"worker {w}'s process died, and its model with it: no other worker "
+                       "has a model to restart it from; --resume continues the run from its "
+                       "last checkpoint")
 
   def step(self, state, step: int):
     if not self.started_workers:  # at the first step (after a restore, from it)

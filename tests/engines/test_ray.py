@@ -293,11 +293,11 @@ def test_a_run_joins_a_cluster_started_with_ray_start(tmp_path):
   assert not _processes_of(temp)
 
 
-def _popen(out, temp: str, steps: int, *flags: str) -> subprocess.Popen:
-  """`jaxdl run --engine ray` of asp with 2 workers, as a process of its own."""
+def _popen(out, temp: str, steps: int, *flags: str, algorithm: str = "asp") -> subprocess.Popen:
+  """`jaxdl run --engine ray` with 2 workers, as a process of its own."""
   env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
   return subprocess.Popen(
-      jaxdl_command("run", "--algorithm", "asp", "--engine", "ray", "--workers", "2",
+      jaxdl_command("run", "--algorithm", algorithm, "--engine", "ray", "--workers", "2",
                     "--model", "mlp", "--steps", str(steps), "--batch-size", "16",
                     "--no-progress", "--out", str(out), *flags), env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -363,6 +363,40 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
   applies = [e for e in events if e.kind == "apply"]
   assert [e.version for e in applies] == list(range(1, 2 * steps + 1))  # none lost
   assert any(e.worker == 1 for e in applies if e.time > restarts[0].time)  # it works on
+  _replays(out, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["easgd", "gosgd", "ad_psgd"])
+def test_a_killed_worker_that_kept_its_own_model_rejoins_with_a_peers(tmp_path, name):
+  """SIGKILL to the process of a worker that keeps its own model: Ray
+  restarts it, it rejoins with a copy of the other worker's state (a
+  "restart" event naming that peer, at its clock), works on, the run
+  completes its budget, and the trace replays bit for bit."""
+  temp, out, steps = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "ray", 1000
+  run = _popen(out, temp, steps, "--checkpoint-every", "50", algorithm=name)
+  try:
+    worker = _wait_for_trace(run, out)[3]
+    assert worker["role"] == "worker 1"
+    os.kill(worker["pid"], signal.SIGKILL)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr[-2000:]
+  finally:
+    run.kill()
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["restarts_per_worker"] == [0, 1]
+  assert summary["steps"] == steps
+  events = list(trace.read_trace(out / "trace.jsonl"))
+  [at] = [i for i, e in enumerate(events) if e.kind == "restart"]
+  restart = events[at]
+  assert (restart.worker, restart.peer) == (1, 0)
+  updates = lambda part: [e.iteration for e in part if e.kind in ("apply", "local")
+                          and e.worker == 1]
+  assert restart.iteration == len(updates(events[:at]))  # at its clock
+  assert updates(events[at:])[:1] == [restart.iteration]  # it works on from there
+  if name == "gosgd":  # each message merged once: by its receiver, or back by its sender
+    messages = lambda kind: sorted((e.worker, e.iteration) for e in events if e.kind == kind)
+    assert messages("gossip") == messages("send")
   _replays(out, tmp_path)
 
 

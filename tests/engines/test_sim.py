@@ -73,3 +73,32 @@ def test_dry_run_shows_the_parameter_server_bottleneck(tmp_path):
       rate[workers] = summary["samples_per_simulated_s"]
     speedup[algorithm] = rate[24] / rate[4]
   assert max(speedup["bsp"], speedup["asp"]) < min(speedup["ar_sgd"], speedup["ad_psgd"])
+
+
+@pytest.mark.parametrize("name", ["easgd", "gosgd", "ad_psgd"])
+def test_a_restart_naming_a_peer_replays_as_a_copy_of_its_state(name):
+  """A real engine's worker that rejoined with a peer's state: the replay
+  gives it a copy of that peer's whole state at that point, nothing else."""
+  import jax
+  import numpy as np
+
+  from jaxdl.build import prepare
+  from jaxdl.engines.events import EventReplay, initial_state, take
+  from jaxdl.trace import Event
+  built = prepare(RunConfig.make(algorithm=name, **dict(RUN, workers=3)))
+  replay = EventReplay(built.algorithm, built.streams)
+  server, workers = initial_state(built.algorithm, jax.random.key(0), 3)
+  first = "pull" if name == "ad_psgd" else "local"
+  events = [Event(0.0, first, 0, 0), Event(0.1, "restart", 2, 5, peer=0)]
+  server, after, _ = replay(server, workers, events, ["loss", "accuracy"])
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in
+                          zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  assert same(take(after, 2), take(after, 0))
+  assert not same(take(after, 0), take(workers, 0))  # the event before it changed worker 0
+  assert same(take(after, 1), take(workers, 1))
+  # a parameter server's restart is no math
+  built = prepare(RunConfig.make(algorithm="asp", **dict(RUN, workers=3)))
+  server, workers = initial_state(built.algorithm, jax.random.key(0), 3)
+  _, after, _ = EventReplay(built.algorithm, built.streams)(
+      server, workers, [Event(0.0, "restart", 2, 0)], [])
+  assert same(after, workers)

@@ -112,9 +112,9 @@ def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
 # The event kinds that can drive each shape's math (jaxdl.trace).
 REPLAY_KINDS = ((Collective, ("step", "wait")),
                 (Centralized, ("pull", "apply", "wait", "restart")),
-                (Elastic, ("local", "exchange", "wait")),
-                (Gossip, ("local", "send", "gossip", "wait")),
-                (Decentralized, ("pull", "average", "apply", "wait")))
+                (Elastic, ("local", "exchange", "wait", "restart")),
+                (Gossip, ("local", "send", "gossip", "wait", "restart")),
+                (Decentralized, ("pull", "average", "apply", "wait", "restart")))
 
 
 def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Event]:
@@ -198,6 +198,10 @@ class SimEngine(base.LocalProcess):
     if batching == "auto" and config.output.replay and (
         recorded_engine(config.output.replay) in REAL_ENGINES):
       batching = "events"
+    if batching != "events" and any(e.kind == "restart" and e.peer >= 0 for e in self.events):
+      raise ConfigError("replay", config.output.replay,
+                        "a trace whose restarted workers' copies replay one event at a time: "
+                        "leave its config.json beside it (it names the real engine)")
     self.metric_names = metric_names(problem, streams.example)
     if batching == "events":
       self.batching, self.runner = batching, EventReplay(algorithm, streams)
