@@ -89,6 +89,26 @@ class EventPrograms:
   def jitted(self) -> list:
     return list(self.fns.values())
 
+  def message_parts(self, state, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A parameter server's messages: which leaves of a worker's state its
+    gradient (`compute`) reads, all a pull need carry, and which it changes,
+    all a push need carry (the others it passes through unchanged). Found in
+    the function's jaxpr, the same on every process for the same state's
+    shapes; conservative: a leaf any operation takes counts as read."""
+    fn = event_functions(self.algorithm)["compute"]
+    leaves, treedef = jax.tree.flatten(state)
+    jaxpr = jax.make_jaxpr(fn)(state, batch).jaxpr
+    invars, outvars = jaxpr.invars[:len(leaves)], jaxpr.outvars
+    returned = jax.tree.structure(jax.eval_shape(fn, state, batch)[0])
+    if returned != treedef:  # a state of another structure: every leaf, both ways
+      everything = tuple(range(len(leaves)))
+      return everything, everything
+    taken = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+    moved = lambda i, v: any(o is v for j, o in enumerate(outvars) if j != i)
+    reads = tuple(i for i, v in enumerate(invars) if id(v) in taken or moved(i, v))
+    changes = tuple(i for i, v in enumerate(invars) if outvars[i] is not v)
+    return reads, changes
+
 
 class EventReplay:
   """Runs a trace's events one at a time with `EventPrograms` (the sim

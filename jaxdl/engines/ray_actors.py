@@ -29,7 +29,7 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -59,6 +59,14 @@ def _cpu_seconds() -> tuple[float, float | None]:
 
 def _nbytes(tree) -> int:
   return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
+
+
+def _with(state, indices: Sequence[int], leaves: Sequence):
+  """`state` with its leaves at `indices` replaced by `leaves`."""
+  flat, treedef = jax.tree.flatten(state)
+  for i, x in zip(indices, leaves):
+    flat[i] = x
+  return jax.tree.unflatten(treedef, flat)
 
 
 class _Ledger:
@@ -194,6 +202,13 @@ class Server(_Ledger):
     """Compiles the pull and apply programs (their results are dropped)."""
     worker = self.programs.pull(self.server, self.workers[0], np.float32(0.0))
     jax.block_until_ready(self.programs.apply(self.server, worker, np.float32(0.0)))
+    self.reads, self.changes = self.programs.message_parts(
+        self.workers[0], one_batch(self.streams, 0, 0))
+
+  def template(self):
+    """A worker's state, whose leaves a pull does not carry stand in for
+    those of every worker (a restarted worker's process has none)."""
+    return jax.device_get(self.workers[0])
 
   def restarted(self, w: int) -> int:
     """Worker w's process failed and was restarted: its in-flight iteration is
@@ -224,15 +239,19 @@ class Server(_Ledger):
     d = np.float32(seconds)
     self.workers[w] = self.programs.pull(self.server, self.workers[w], d)
     self._event("pull", w, iteration=c, version=self.version, duration=float(d))
-    self.bytes_total += _nbytes(self.workers[w])
-    return jax.device_get(self.workers[w]), c
+    leaves = jax.tree.leaves(self.workers[w])
+    message = jax.device_get([leaves[i] for i in self.reads])
+    self.bytes_total += _nbytes(message)
+    return message, c
 
-  async def push(self, w: int, c: int, worker, compute_s: float, transfer_s: float,
+  async def push(self, w: int, c: int, changed: list, compute_s: float, transfer_s: float,
                  metrics: dict[str, float], incarnation: int = 0):
-    """Applies worker w's iteration c on arrival, then serves its next pull."""
+    """Applies worker w's iteration c on arrival, then serves its next pull.
+    `changed`: the leaves of its state that its gradient changed."""
     if self.finished or self._stale(w, incarnation):
       return None
-    self.bytes_total += _nbytes(worker)
+    self.bytes_total += _nbytes(changed)
+    worker = _with(self.workers[w], self.changes, changed)
     d = np.float32(compute_s)
     self.server, self.workers[w] = self.programs.apply(self.server, worker, d)
     self.version += 1
@@ -267,25 +286,32 @@ class Worker:
     return process_identity(f"worker {self.w}")
 
   def warm_up(self, state) -> None:
-    """Compiles the gradient's program on the first batch (the result is dropped)."""
-    jax.block_until_ready(self.programs.compute(state, one_batch(self.streams, self.w, 0)))
+    """Compiles the gradient's program on the first batch (the result is
+    dropped); keeps `state` as the template of the leaves a pull does not carry."""
+    batch = one_batch(self.streams, self.w, 0)
+    jax.block_until_ready(self.programs.compute(state, batch))
+    self.template = jax.device_get(state)
+    self.reads, self.changes = self.programs.message_parts(state, batch)
 
   def run(self, incarnation: int = 0) -> None:
     """Works until the run is over. `incarnation`: how many times this
     worker's process was restarted."""
     import ray
+    if not hasattr(self, "template"):  # a restarted process: nothing compiled yet
+      self.warm_up(ray.get(self.server.template.remote()))
     t = time.perf_counter()
     reply = ray.get(self.server.pull.remote(self.w, 0.0, incarnation))
     while reply is not None:
       transfer = time.perf_counter() - t
-      state, c = reply
+      message, c = reply
       t = time.perf_counter()
-      state, shares = self.programs.compute(state, one_batch(self.streams, self.w, c))
-      state = jax.block_until_ready(state)
+      state, shares = self.programs.compute(_with(self.template, self.reads, message),
+                                            one_batch(self.streams, self.w, c))
+      leaves = jax.block_until_ready(jax.tree.leaves(state))
       compute = time.perf_counter() - t
       t = time.perf_counter()
       reply = ray.get(self.server.push.remote(
-          self.w, c, jax.device_get(state), compute, transfer,
+          self.w, c, jax.device_get([leaves[i] for i in self.changes]), compute, transfer,
           self.programs.means(self.w, jax.device_get(shares)), incarnation))
 
 

@@ -46,6 +46,11 @@ RESTART_TIMEOUT_S = 120.0
 
 ADDRESS_HELP = "the address HOST:PORT of a running Ray cluster (`ray start --head`)"
 
+INLINE_BYTES = 1 << 20
+"""A local instance sends a message of up to this many bytes inside the call
+(a small model's parameters), not through its shared-memory object store:
+about 1.5x the updates per second for the mlp (BENCHMARKS.md)."""
+
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch that makes a local instance bind to 127.0.0.1 only (its
 node address is then the loopback address), on Linux too."""
@@ -72,8 +77,10 @@ def connect(address: str | None) -> bool:
       # Ray starts its processes with subprocess (fork, then exec at once):
       # JAX's warning about forking a multithreaded process does not apply.
       warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+      local = {} if address else {"num_cpus": os.cpu_count(), "_system_config": {
+          "max_direct_call_object_size": INLINE_BYTES}}
       ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
-               log_to_driver=True, num_cpus=None if address else os.cpu_count())
+               log_to_driver=True, **local)
   except (ConnectionError, RuntimeError, ValueError) as e:
     raise ConfigError("ray_address", address,
                       f"{ADDRESS_HELP}, or unset for a local one ({e})") from None
