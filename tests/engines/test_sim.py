@@ -102,3 +102,53 @@ def test_a_restart_naming_a_peer_replays_as_a_copy_of_its_state(name):
   _, after, _ = EventReplay(built.algorithm, built.streams)(
       server, workers, [Event(0.0, "restart", 2, 0)], [])
   assert same(after, workers)
+
+
+@pytest.mark.parametrize("name", ["asp", "dc_asgd", "lc_asgd"])
+def test_a_parameter_servers_messages_carry_what_the_gradient_reads_and_changes(name):
+  """The ray engine's pull carries only the leaves `message_parts` says the
+  gradient reads, its push only those it changes: the gradient computed on
+  those leaves (the others arbitrary) changes exactly those, to the bits of
+  the gradient computed on the whole state, and leaves the others as given."""
+  import jax
+  import numpy as np
+
+  from jaxdl.build import prepare
+  from jaxdl.engines.events import EventPrograms, initial_state, one_batch, take
+  built = prepare(RunConfig.make(algorithm=name, **dict(RUN, model="cnn_bn", workers=2)))
+  p = EventPrograms(built.algorithm, built.streams)
+  server, workers = initial_state(built.algorithm, jax.random.key(0), 2)
+  state = p.pull(server, take(workers, 1), np.float32(0.0))
+  batch = one_batch(built.streams, 1, 0)
+  reads, changes = p.message_parts(state, batch)
+  leaves, treedef = jax.tree.flatten(state)
+  assert 0 < len(reads) < len(leaves) and 0 < len(changes) < len(leaves)
+  other = [x if i in reads else np.full(np.shape(x), 7, np.asarray(x).dtype)
+           for i, x in enumerate(leaves)]
+  whole = jax.tree.leaves(p.compute(state, batch)[0])
+  part = jax.tree.leaves(p.compute(jax.tree.unflatten(treedef, other), batch)[0])
+  for i in range(len(leaves)):
+    if i in changes:
+      np.testing.assert_array_equal(part[i], whole[i])
+    else:
+      np.testing.assert_array_equal(part[i], other[i])
+
+
+def test_a_leaf_the_gradient_moves_elsewhere_is_read():
+  """A gradient that returns one input leaf in another's place reads it,
+  though no operation takes it; the leaf it passes through is not changed."""
+  import numpy as np
+
+  from jaxdl.algorithms import Centralized
+  from jaxdl.build import prepare
+  from jaxdl.engines.events import EventPrograms, one_batch
+  built = prepare(RunConfig.make(algorithm="asp", **RUN))
+  unused = lambda *args: None
+  moved = Centralized(init_server=unused, init=unused, pull=unused, apply=unused,
+                      evaluated=unused,
+                      compute=lambda s, batch: ({"a": s["b"], "b": s["b"], "c": s["c"] + 1}, {}))
+  state = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32),
+           "c": np.ones(3, np.float32)}
+  reads, changes = EventPrograms(moved, built.streams).message_parts(
+      state, one_batch(built.streams, 0, 0))
+  assert (reads, changes) == ((1, 2), (0, 2))
