@@ -4,9 +4,10 @@ against a baseline measured in the same run.
 1. Overhead per update: a ray asp run with one worker, whose every update is
    a pull, a gradient and a push applied at the server. Its seconds per
    update at the server (from the trace), less the worker's measured
-   compute seconds, is what the engine adds; the baseline is a bare Ray actor round trip carrying the same
-   message (the worker's state, there and back), timed in the same Ray
-   instance.
+   compute seconds, is what the engine adds; the baseline is a bare Ray
+   actor round trip carrying the same messages (a push there, a pull
+   back), timed in the same Ray instance. The machine's CPU seconds per
+   update bound the scaling on its cores.
 2. Scaling: samples/s of ray asp with M workers over one worker's: the
    run's (wall time, the driver's evaluation and checkpoint included) and
    the server's (samples applied from the first pull to the last apply).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -34,7 +36,7 @@ from bench.timing import machine
 from jaxdl import trace
 from jaxdl.config import RunConfig
 from jaxdl.engines import ray_engine
-from jaxdl.engines.events import take
+from jaxdl.engines.events import EventPrograms, one_batch, take
 from jaxdl.runner import setup
 
 
@@ -46,33 +48,47 @@ class Args:
   """Steps of each run (a step: every worker's batch once, on average)."""
   batch_size: int = 32
   round_trips: int = 300
+  against_inline_bytes: int | None = None
+  """Also measure every run with Ray sending messages inside its calls only
+  up to this many bytes (102400: Ray's own default; the engine's is
+  jaxdl.engines.ray_engine.INLINE_BYTES), in a second Ray instance, and
+  print the samples/s ratios."""
   """Bare actor round trips timed for the baseline."""
 
 
-class Echo:
-  def echo(self, message):
-    return message
+class Reply:
+  def __init__(self, reply):
+    self.reply = reply
+
+  def call(self, message):
+    return self.reply
 
 
-def bare_round_trip(message, n: int) -> float:
-  """Median seconds of a Ray actor call that returns its argument."""
+def bare_round_trip(sent, returned, n: int) -> float:
+  """Median seconds of a Ray actor call that carries `sent` and returns `returned`."""
   import ray
-  actor = ray.remote(num_cpus=0)(Echo).remote()
-  ray.get(actor.echo.remote(message))
+  actor = ray.remote(num_cpus=0)(Reply).remote(returned)
+  ray.get(actor.call.remote(sent))
   times = []
   for _ in range(n):
     start = time.perf_counter()
-    ray.get(actor.echo.remote(message))
+    ray.get(actor.call.remote(sent))
     times.append(time.perf_counter() - start)
   ray.kill(actor)
   return statistics.median(times)
 
 
-def worker_state(config: RunConfig):
-  """A worker's state as the server sends it (host arrays)."""
+def messages(config: RunConfig):
+  """A worker's push and the server's pull as the ray engine sends them:
+  the leaves of a worker's state that its gradient changes, and those it
+  reads (host arrays)."""
   built = setup(config)
   try:
-    return jax.device_get(take(built.engine.init(jax.random.key(0))[1], 0))
+    state = take(built.engine.init(jax.random.key(0))[1], 0)
+    reads, changes = EventPrograms(built.algorithm, built.streams).message_parts(
+        state, one_batch(built.streams, 0, 0))
+    leaves = jax.device_get(jax.tree.leaves(state))
+    return [leaves[i] for i in changes], [leaves[i] for i in reads]
   finally:
     built.engine.close()
 
@@ -96,38 +112,63 @@ def ray_run(model: str, workers: int, args: Args, out: Path) -> dict:
 
 
 def main(args: Args) -> None:
-  ray_engine.connect(None)
+  import ray
   print(f"machine: {machine()}")
+  engine = measure(args)
+  if args.against_inline_bytes is None:
+    return
+  ray.shutdown()
+  inline, ray_engine.INLINE_BYTES = ray_engine.INLINE_BYTES, args.against_inline_bytes
+  print(f"\nagainst messages inline up to {args.against_inline_bytes} bytes:")
+  baseline = measure(args)
+  print(f"\nsamples/s, inline up to {inline} bytes / up to "
+        f"{args.against_inline_bytes}:")
+  for model, runs in engine.items():
+    print(f"  {model}: " + ", ".join(
+        f"M = {m}: {r['samples_per_s'] / baseline[model][m]['samples_per_s']:.2f}"
+        for m, r in runs.items()))
+
+
+def measure(args: Args) -> dict[str, dict[int, dict]]:
+  """Every model's runs (their summaries), printed with their baseline."""
+  ray_engine.connect(None)
+  everything = {}
   with tempfile.TemporaryDirectory() as tmp:
     for model in args.models:
       one = RunConfig.make(algorithm="asp", engine="ray", workers=1, model=model,
                            batch_size=args.batch_size, steps=1, progress=False)
-      state = worker_state(one)
-      nbytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(state))
-      bare = bare_round_trip(state, args.round_trips)
+      push, pull = messages(one)
+      nbytes = [sum(np.asarray(x).nbytes for x in m) for m in (push, pull)]
+      bare = bare_round_trip(push, pull, args.round_trips)
       runs = {m: ray_run(model, m, args, Path(tmp) / f"{model}-{m}") for m in args.workers}
-      print(f"\n{model}: a worker's state is {nbytes / 1e6:.2f} MB; bare actor round trip "
-            f"with it {bare * 1e3:.2f} ms")
+      print(f"\n{model}: a push carries {nbytes[0] / 1e6:.2f} MB, a pull "
+            f"{nbytes[1] / 1e6:.2f} MB; a bare actor round trip with them {bare * 1e3:.2f} ms")
       if 1 in runs:
         r = runs[1]
         per_update = r["server_s"] / r["steps"]
         compute = r["batch_seconds_per_worker"][0]
         overhead = per_update - compute
+        cpu = r["machine_cpu_s"] / r["steps"]
         print(f"  1 worker: {per_update * 1e3:.2f} ms an update, {compute * 1e3:.2f} ms of "
               f"compute: overhead {overhead * 1e3:.2f} ms = {overhead / bare:.2f} x the bare "
-              "round trip")
+              f"round trip. The machine's CPU per update: {cpu * 1e3:.2f} ms, so its "
+              f"{os.cpu_count()} cores allow at most {os.cpu_count() * per_update / cpu:.2f} x "
+              "one worker's updates per second")
       print(f"  {'workers':>8}{'samples/s':>12}{'vs 1':>8}{'at server':>11}{'vs 1':>8}"
-            f"{'staleness':>11}{'start-up s':>12}")
+            f"{'staleness':>11}{'CPU ms/upd':>12}{'start-up s':>12}")
       base, server = (runs[min(runs)][k] for k in ("samples_per_s", "server_samples_per_s"))
       for m, r in runs.items():
         startup = r["total_s"] - r["wall_time_s"]
+        cpu = r["machine_cpu_s"] / (r["steps"] * m)
         print(f"  {m:>8}{r['samples_per_s']:>12.0f}{r['samples_per_s'] / base:>8.2f}"
               f"{r['server_samples_per_s']:>11.0f}{r['server_samples_per_s'] / server:>8.2f}"
-              f"{r['staleness_mean'] or 0:>11.2f}{startup:>12.1f}")
+              f"{r['staleness_mean'] or 0:>11.2f}{cpu * 1e3:>12.2f}{startup:>12.1f}")
       keys = ("samples_per_s", "server_samples_per_s", "wall_time_s", "server_s",
-              "staleness_mean", "total_s")
-      print(json.dumps({"model": model, "bare_round_trip_s": bare, "state_bytes": nbytes,
+              "staleness_mean", "total_s", "machine_cpu_s", "central_cpu_s")
+      print(json.dumps({"model": model, "bare_round_trip_s": bare, "message_bytes": nbytes,
                         "runs": {m: {k: r[k] for k in keys} for m, r in runs.items()}}))
+      everything[model] = runs
+  return everything
 
 
 if __name__ == "__main__":
