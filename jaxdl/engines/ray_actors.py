@@ -451,8 +451,12 @@ class Coordinator(_Ledger):
         del self.events[i]
         return
 
-  async def reserve(self, donor: int) -> None:
-    """Takes worker `donor` out of averages until it has given its model (`rejoin`)."""
+  async def reserve(self, w: int, donor: int) -> None:
+    """Worker w's process died: ends the average it had taken (the peer's
+    lock orders what the peer still does in it), then takes worker `donor`
+    out of averages until it has given its model (`rejoin`)."""
+    self._release(w)
+    await self._notify()
     await self._taken(donor)
     self.partner[donor] = donor
 
@@ -463,7 +467,6 @@ class Coordinator(_Ledger):
     works on, its clock, its new incarnation)."""
     self.incarnation[w] += 1
     self._release(donor)
-    self._release(w)  # an average it had taken
     await self.deposit(self._owed(w), {w: state})
     if not self.finished:
       self._event("restart", w, iteration=self.clocks[w], peer=donor)
@@ -537,7 +540,7 @@ class Peer:
     taken between this worker's events. (that state, whether w works on, its
     clock, its incarnation), or None if this worker has no model either."""
     import ray
-    ray.get(self.coordinator.reserve.remote(self.w))
+    ray.get(self.coordinator.reserve.remote(w, self.w))
     with self.lock:
       state = None if self.state is None else jax.device_get(self.state)
       if state is None:  # restarting itself

@@ -395,9 +395,12 @@ def test_a_killed_worker_that_kept_its_own_model_rejoins_with_a_peers(tmp_path, 
                           and e.worker == 1]
   assert restart.iteration == len(updates(events[:at]))  # at its clock
   assert updates(events[at:])[:1] == [restart.iteration]  # it works on from there
-  if name == "gosgd":  # each message merged once: by its receiver, or back by its sender
-    messages = lambda kind: sorted((e.worker, e.iteration) for e in events if e.kind == kind)
-    assert messages("gossip") == messages("send")
+  if name == "gosgd":  # a message is merged once, by its receiver or back by its sender
+    merged = [(e.worker, e.iteration) for e in events if e.kind == "gossip"]
+    sent = [(e.worker, e.iteration) for e in events[:at] if e.kind == "send"]
+    assert len(set(merged)) == len(merged)
+    # none of the live worker's is lost (the dead one's last may have died with it)
+    assert {s for s in sent if s[0] == 0} <= set(merged)
   _replays(out, tmp_path)
 
 
