@@ -338,16 +338,14 @@ def test_ctrl_c_stops_every_actor(tmp_path):
   assert not _processes_of(temp)  # nor the local Ray instance
 
 
-@pytest.mark.slow
-def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
-  """SIGKILL to a worker's process mid-run: Ray restarts it, it pulls fresh
-  parameters at its clock, the run completes with every update of its budget
-  at the server, the trace and summary record the restart, and the trace
-  still replays bit for bit."""
+def _kill_worker_1(out, steps: int, algorithm: str) -> list[trace.Event]:
+  """A 2-worker run whose worker 1's process gets SIGKILL once the first
+  checkpoint is written; asserts it completes with that worker restarted
+  once, and returns its trace."""
   # Ray takes about 3.5 s to bring the worker back here, in which the other
-  # does about 600 updates alone: the run is long enough to see it work on
-  temp, out, steps = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "ray", 1000
-  run = _popen(out, temp, steps, "--checkpoint-every", "50")
+  # does hundreds of updates alone: the run is long enough to see it work on
+  run = _popen(out, tempfile.mkdtemp(prefix="ray", dir="/tmp"), steps, "--checkpoint-every",
+               "50", algorithm=algorithm)
   try:
     worker = _wait_for_trace(run, out)[3]
     assert worker["role"] == "worker 1"
@@ -357,8 +355,18 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
   finally:
     run.kill()
   summary = json.loads((out / "summary.json").read_text())
-  assert summary["restarts_per_worker"] == [0, 1]
-  events = list(trace.read_trace(out / "trace.jsonl"))
+  assert summary["restarts_per_worker"] == [0, 1] and summary["steps"] == steps
+  return list(trace.read_trace(out / "trace.jsonl"))
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
+  """SIGKILL to a worker's process mid-run: Ray restarts it, it pulls fresh
+  parameters at its clock, the run completes with every update of its budget
+  at the server, the trace and summary record the restart, and the trace
+  still replays bit for bit."""
+  out, steps = tmp_path / "ray", 1000
+  events = _kill_worker_1(out, steps, "asp")
   restarts = [e for e in events if e.kind == "restart"]
   assert [e.worker for e in restarts] == [1]
   applies = [e for e in events if e.kind == "apply"]
@@ -374,20 +382,8 @@ def test_a_killed_worker_that_kept_its_own_model_rejoins_with_a_peers(tmp_path, 
   restarts it, it rejoins with a copy of the other worker's state (a
   "restart" event naming that peer, at its clock), works on, the run
   completes its budget, and the trace replays bit for bit."""
-  temp, out, steps = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "ray", 1000
-  run = _popen(out, temp, steps, "--checkpoint-every", "50", algorithm=name)
-  try:
-    worker = _wait_for_trace(run, out)[3]
-    assert worker["role"] == "worker 1"
-    os.kill(worker["pid"], signal.SIGKILL)
-    _, stderr = run.communicate(timeout=300)
-    assert run.returncode == 0, stderr[-2000:]
-  finally:
-    run.kill()
-  summary = json.loads((out / "summary.json").read_text())
-  assert summary["restarts_per_worker"] == [0, 1]
-  assert summary["steps"] == steps
-  events = list(trace.read_trace(out / "trace.jsonl"))
+  out, steps = tmp_path / "ray", 1000
+  events = _kill_worker_1(out, steps, name)
   [at] = [i for i, e in enumerate(events) if e.kind == "restart"]
   restart = events[at]
   assert (restart.worker, restart.peer) == (1, 0)
