@@ -351,3 +351,17 @@ def test_from_linen_passes_the_keywords_and_keeps_batch_norm_state():
       return 2 * x
   init, apply = jaxdl.from_linen(Twice(), x)
   assert init(jax.random.key(0)) == ({}, {})
+
+
+def test_a_weighted_tasks_own_loss_evaluates_as_its_batchs_mean():
+  """Without `evaluate`, a weighted task's test loss is its loss with every
+  example weighted 1/B: the batch's mean, whatever the data's shape."""
+  def loss(params, model_state, batch, key):
+    per_example = jnp.sum(batch["x"], axis=1) * params["w"]
+    return jnp.sum(per_example * batch["weight"]), (model_state, {})
+
+  task = jaxdl.Task(init=lambda key: ({"w": jnp.float32(2.0)}, {}), loss=loss, weighted=True)
+  x = np.arange(12, dtype=np.float32).reshape(4, 3)  # rows sum to 3, 12, 21, 30
+  metrics = task.evaluation({"w": jnp.float32(2.0)}, {}, {"x": x})
+  assert set(metrics) == {"loss"}
+  np.testing.assert_allclose(metrics["loss"], 2.0 * 66 / 4, rtol=1e-6)
