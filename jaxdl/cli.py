@@ -1,6 +1,7 @@
 """The command line: ``jaxdl run | compare | report | list``."""
 from __future__ import annotations
 
+import faulthandler
 import inspect
 import os
 import signal
@@ -264,6 +265,8 @@ def _environment() -> None:
 
 def main(argv: list[str] | None = None) -> int:
   _environment()
+  if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
   argv = sys.argv[1:] if argv is None else list(argv)
   if not argv or argv[0] in ("-h", "--help"):
     print(USAGE)

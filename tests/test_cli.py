@@ -15,6 +15,7 @@ from jaxdl.cli import main
 from jaxdl.cluster import DEVICE_PROFILES
 from jaxdl.config import RunConfig
 from jaxdl.engines import engines_for
+from tests.helpers import jaxdl_command
 
 QUICK = ["--model", "mlp", "--epochs", "1", "--no-progress"]
 
@@ -225,3 +226,24 @@ def test_run_prints_its_directory_first_and_its_summary_last(tmp_path, capsys):
   lines = capsys.readouterr().out.strip().splitlines()
   assert lines[0] == f"run directory: {out}"
   assert lines[-1] == f"summary: {out / 'summary.json'}" and (out / "summary.json").exists()
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on(tmp_path):
+  """`kill -USR1` on a run that seems stuck: where each thread is, on
+  stderr; the run is not stopped by it."""
+  out = tmp_path / "run"
+  run = subprocess.Popen(jaxdl_command("run", "--model", "mlp", "--steps", "400",
+                                       "--no-progress", "--out", str(out)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 120
+    while not (out / "config.json").exists():
+      assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:]
+      time.sleep(0.1)
+    run.send_signal(signal.SIGUSR1)
+    _, stderr = run.communicate(timeout=300)
+  finally:
+    run.kill()
+  assert run.returncode == 0, stderr[-2000:]
+  assert "Current thread" in stderr or "Thread 0x" in stderr, stderr[-2000:]
+  assert json.loads((out / "summary.json").read_text())["steps"] == 400

@@ -350,7 +350,13 @@ def _kill_worker_1(out, steps: int, algorithm: str) -> list[trace.Event]:
     worker = _wait_for_trace(run, out)[3]
     assert worker["role"] == "worker 1"
     os.kill(worker["pid"], signal.SIGKILL)
-    _, stderr = run.communicate(timeout=300)
+    try:
+      _, stderr = run.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # where the driver waits: its threads' stacks
+      run.send_signal(signal.SIGUSR1)
+      time.sleep(2)
+      run.kill()
+      pytest.fail(f"the run did not end; its stderr ends: {run.communicate()[1][-6000:]}")
     assert run.returncode == 0, stderr[-2000:]
   finally:
     run.kill()
