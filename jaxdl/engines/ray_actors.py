@@ -354,6 +354,11 @@ class Coordinator(_Ledger):
       self.owed[w] = []
     return owed
 
+  def _in_transit(self, w: int) -> list[int]:
+    """The cuts of worker w handed to a caller (`_owed`) but not yet deposited."""
+    return [step for step, (_, workers, _, _) in self.snapshots.items()
+            if workers is not None and workers[w] is None and step not in self.owed[w]]
+
   async def deposit(self, owed: dict[int, list[int]], states: dict[int, Any]) -> None:
     """Each worker's model at the cuts it owed (its model before its next event)."""
     for w, steps in owed.items():
@@ -444,7 +449,9 @@ class Coordinator(_Ledger):
     """AD-PSGD: worker w's average with `peer` (after its iteration c's
     gradient) never reached w, as peer's process died: it did not happen.
     Nothing came after it that read either model: w waited for it, and the
-    dead peer rejoins with another's model."""
+    dead peer rejoins with another's model. The cuts w owed before it,
+    which the peer was to deposit, w owes again (its model is as it was)."""
+    self.owed[w] = sorted(set(self.owed[w]) | set(self._in_transit(w)))
     for i in range(len(self.events) - 1, -1, -1):
       e = self.events[i]
       if (e.kind, e.worker, e.peer, e.iteration) == ("average", w, peer, c):
@@ -463,11 +470,14 @@ class Coordinator(_Ledger):
   async def rejoin(self, w: int, donor: int, state) -> tuple[bool, int, int]:
     """Worker w's process died: it restarts with `state`, a copy of worker
     `donor`'s. A "restart" event at w's clock names the donor; w's cuts
-    still owed are given that model (its own died with it). (whether it
-    works on, its clock, its new incarnation)."""
+    still owed, or handed to its dead process and never deposited, are
+    given that model (its own died with it). (whether it works on, its
+    clock, its new incarnation)."""
     self.incarnation[w] += 1
     self._release(donor)
-    await self.deposit(self._owed(w), {w: state})
+    owed = self._owed(w)
+    owed[w] = owed.get(w, []) + self._in_transit(w)
+    await self.deposit(owed, {w: state})
     if not self.finished:
       self._event("restart", w, iteration=self.clocks[w], peer=donor)
     await self._notify()

@@ -478,3 +478,37 @@ def test_compare_on_ray_gives_the_simulators_tables_with_measured_times(ray_inst
     summary = json.loads((out / cell / "summary.json").read_text())
     assert summary["engine"] == "ray" and summary["samples_per_s"] > 0
     assert "simulated_time_s" not in summary
+
+
+def test_a_cut_handed_to_a_process_that_died_is_given_its_restart_model():
+  """The coordinator hands a worker the cuts it owes with the grant of its
+  next event; if its process dies before depositing them, its rejoin gives
+  them the model it restarts with, and the driver's wait for that step ends
+  (it used to wait forever)."""
+  import asyncio
+
+  import jax
+
+  from jaxdl.engines.events import take
+  from jaxdl.engines.ray_actors import Coordinator
+
+  async def scenario():
+    config = RunConfig.make(algorithm="easgd", workers=2, **dict(RUN, steps=4))
+    coordinator = Coordinator(config, None, observed=[0])
+    _, workers, _ = coordinator.initialize(np.asarray(jax.random.key_data(jax.random.key(0))))
+    coordinator.begin(None, 0)
+    for w in (0, 1):  # step 0 ends: each worker owes its model there
+      assert (await coordinator.ticket(w, "local", 0, incarnation=0))[0]
+    granted, owed = await coordinator.ticket(1, "local", 1, incarnation=0)
+    assert granted and owed == {1: [0]}  # ... and worker 1's process dies with them
+    _, owed = await coordinator.ticket(0, "local", 1, incarnation=0)
+    await coordinator.deposit(owed, {0: take(workers, 0)})
+    donor = jax.tree.map(lambda x: x + 1, take(workers, 0))
+    assert await coordinator.rejoin(1, 0, donor) == (True, 2, 1)
+    state, _ = await asyncio.wait_for(coordinator.step(0), timeout=10)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(take(state[1], 1)), jax.tree.leaves(donor)))
+    # a call of the dead process's incarnation is refused
+    assert await coordinator.ticket(1, "local", 2, incarnation=0) == (False, {})
+
+  asyncio.run(scenario())
