@@ -265,8 +265,10 @@ def _environment() -> None:
 
 def main(argv: list[str] | None = None) -> int:
   _environment()
-  if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to stderr
+  try:  # `kill -USR1 PID`: every thread's stack to stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+  except (AttributeError, ValueError):  # no SIGUSR1 here, or stderr is not a file
+    pass
   argv = sys.argv[1:] if argv is None else list(argv)
   if not argv or argv[0] in ("-h", "--help"):
     print(USAGE)
