@@ -49,7 +49,7 @@ ADDRESS_HELP = "the address HOST:PORT of a running Ray cluster (`ray start --hea
 INLINE_BYTES = 1 << 20
 """A local instance sends a message of up to this many bytes inside the call
 (a small model's parameters), not through its shared-memory object store:
-about 1.5x the updates per second for the mlp (BENCHMARKS.md)."""
+about 1.6x the samples per second for the mlp and the cnn (BENCHMARKS.md)."""
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch that makes a local instance bind to 127.0.0.1 only (its
