@@ -97,10 +97,10 @@ class EventPrograms:
     shapes; conservative: a leaf any operation takes counts as read."""
     fn = event_functions(self.algorithm)["compute"]
     leaves, treedef = jax.tree.flatten(state)
-    jaxpr = jax.make_jaxpr(fn)(state, batch).jaxpr
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(state, batch)
+    jaxpr = closed.jaxpr
     invars, outvars = jaxpr.invars[:len(leaves)], jaxpr.outvars
-    returned = jax.tree.structure(jax.eval_shape(fn, state, batch)[0])
-    if returned != treedef:  # a state of another structure: every leaf, both ways
+    if jax.tree.structure(shapes[0]) != treedef:  # a state of another structure: every leaf, both ways
       everything = tuple(range(len(leaves)))
       return everything, everything
     taken = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}

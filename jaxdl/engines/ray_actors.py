@@ -281,6 +281,7 @@ class Worker:
     # given an actor handle (it keeps such arguments in the object store)
     self.w, self.server, self.streams = worker, ray.get_actor(server), built.streams
     self.programs = EventPrograms(built.algorithm, built.streams)
+    self.template = None  # set by warm_up
 
   def identity(self) -> dict[str, Any]:
     return process_identity(f"worker {self.w}")
@@ -297,7 +298,7 @@ class Worker:
     """Works until the run is over. `incarnation`: how many times this
     worker's process was restarted."""
     import ray
-    if not hasattr(self, "template"):  # a restarted process: nothing compiled yet
+    if self.template is None:  # a restarted process: nothing compiled yet
       self.warm_up(ray.get(self.server.template.remote()))
     t = time.perf_counter()
     reply = ray.get(self.server.pull.remote(self.w, 0.0, incarnation))
@@ -552,10 +553,10 @@ class Peer:
     import ray
     ray.get(self.coordinator.reserve.remote(w, self.w))
     with self.lock:
-      state = None if self.state is None else jax.device_get(self.state)
-      if state is None:  # restarting itself
+      if self.state is None:  # restarting itself
         ray.get(self.coordinator.unpair.remote(self.w, 0))
         return None
+      state = jax.device_get(self.state)
       return (state, *ray.get(self.coordinator.rejoin.remote(w, self.w, state)))
 
   def _local(self, c: int) -> bool:
