@@ -92,7 +92,7 @@ class ClusterConfig:
   worker_speeds: tuple[float, ...] | None = None
   """Relative speed per worker: the global batch (M x --batch-size) is split in proportion."""
   servers: int = 1
-  """Parameter-server shards k: each owns 1/k of the parameters and optimizer state, and has its own link."""
+  """Parameter-server shards k: each owns about 1/k of the parameters and optimizer state (their bytes), and has its own link; with --engine ray, k shard actors (asp, ssp, dc_asgd, lc_asgd)."""
   cluster: str = "cpu"
   """Device profile of the simulated workers, optionally with a count: cpu, titan-v, v100, a100, h100, h200, 24x titan-v; or a profile measured on the ray engine, PATH.json (`jaxdl calibrate`), which sets the compute time (unless --compute-time is given), the messages' costs (--network and --latency are then unused) and the server's and coordinator's times per call."""
   network: str = "10gbps"
@@ -426,7 +426,7 @@ def validate(config: RunConfig) -> RunConfig:
 def resolve(config: RunConfig):
   """The algorithm's registry entry and the name of the engine that runs it,
   checked against the rest of the config."""
-  from jaxdl.algorithms import ALGORITHMS, Collective, async_bn
+  from jaxdl.algorithms import ALGORITHMS, Centralized, Collective, async_bn
   from jaxdl.engines import engines_for
 
   cfg = config.algorithm
@@ -453,10 +453,10 @@ def resolve(config: RunConfig):
     servers = ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).has_server)
     raise ConfigError("servers", config.cluster.servers,
                       f"1: {spec.name} keeps no parameter server to shard (these do: {servers})")
-  if engine == "ray" and config.cluster.servers != 1:
+  if engine == "ray" and config.cluster.servers != 1 and spec.shape is not Centralized:
     raise ConfigError("servers", config.cluster.servers,
-                      "1 with --engine ray, whose parameter server is one actor (--engine sim "
-                      "models k shards, each with its own link)")
+                      f"1 with --engine ray for {spec.name}, whose center is one actor "
+                      "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)

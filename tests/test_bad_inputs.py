@@ -277,6 +277,13 @@ def test_servers_for_an_algorithm_without_a_server_is_refused(tmp_path, capsys, 
   assert "bsp" in line and algorithm + " keeps no parameter server" in line
 
 
+def test_more_ray_server_shards_than_the_model_splits_into_are_refused(tmp_path, capsys):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--engine", "ray",
+                          "--workers", "2", "--servers", "3"], "--servers", out)
+  assert "at most 2: this parameter server's update splits its leaves into 2" in line
+
+
 @pytest.mark.parametrize("flag, value", [("--jitter", "0.1"), ("--network", "1gbps"),
                                          ("--straggler-prob", "0.2"), ("--cluster", "v100"),
                                          ("--compute-time", "0.01"), ("--latency", "0.1"),

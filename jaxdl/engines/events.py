@@ -21,6 +21,7 @@ from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
+from jaxdl.engines.shards import sharded
 
 
 def event_functions(algorithm: Shape) -> dict[str, Callable]:
@@ -67,14 +68,30 @@ def stack(states: Sequence):
   return jax.tree.map(lambda *x: jnp.stack(x), *states)
 
 
+def state_shapes(algorithm: Shape):
+  """The shapes of (a server's state, one worker's state)."""
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  return (jax.eval_shape(algorithm.init_server, key) if has_server(algorithm) else (),
+          jax.eval_shape(lambda key: algorithm.init(key, jnp.int32(0)), key))
+
+
 class EventPrograms:
   """The shape's event functions, each jitted for one worker's state, and a
-  worker's metric shares turned into its batch's means."""
+  worker's metric shares turned into its batch's means.
 
-  def __init__(self, algorithm: Shape, streams: Streams):
+  `servers` > 1: a parameter server split into that many shards
+  (jaxdl.engines.shards): `pull` and `apply` run shard by shard, each
+  shard's program on its own leaves (`shards`, split by `partition`), as
+  the shards' processes run them."""
+
+  def __init__(self, algorithm: Shape, streams: Streams, servers: int = 1):
     self.algorithm, self.streams = algorithm, streams
     self.shares = streams.weights().sum(axis=1)  # b_m / B per worker
     self.fns = {name: jax.jit(fn) for name, fn in event_functions(algorithm).items()}
+    self.partition, self.shards = None, []
+    if servers > 1 and isinstance(algorithm, Centralized):
+      self.partition, self.shards, self.fns["pull"], self.fns["apply"] = sharded(
+          algorithm, *state_shapes(algorithm), servers)
 
   def __getattr__(self, name: str) -> Callable:
     try:
@@ -124,10 +141,10 @@ class EventReplay:
   state): `slots`, each event's slot (jaxdl.engines.sim.plan.message_slots).
   """
 
-  def __init__(self, algorithm: Shape, streams: Streams):
+  def __init__(self, algorithm: Shape, streams: Streams, servers: int = 1):
     if not isinstance(algorithm, (Centralized, Elastic, Gossip, Decentralized)):
       raise TypeError(f"no event replay for {type(algorithm).__name__}")
-    self.programs = EventPrograms(algorithm, streams)
+    self.programs = EventPrograms(algorithm, streams, servers)
     self.streams = streams
 
   def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str],

@@ -82,7 +82,7 @@ class _Ledger:
     built = _built(config, task)
     self.observed = set(observed)
     self.algorithm, self.streams = built.algorithm, built.streams
-    self.programs = EventPrograms(self.algorithm, self.streams)
+    self.programs = EventPrograms(self.algorithm, self.streams, config.cluster.servers)
     self.m, self.total = self.streams.num_workers, built.total_steps
     self.batch_sizes, self.global_batch = built.streams.batch_sizes, built.global_batch
     self.clocks = [0] * self.m
@@ -169,15 +169,20 @@ class _Ledger:
       (own, machine), (own0, machine0) = _cpu_seconds(), self.cpu_start
       self.cpu_s = (own - own0, None if machine is None else machine - machine0)
 
-  async def step(self, step: int):
-    """(state, metric means) at the end of step `step`, once it has ended and
-    its workers' states are all there; the state is None at a step the
-    driver does not read."""
+  async def _snapshot(self, step: int):
+    """(server, workers, clocks, metric means) at the end of step `step`,
+    once it has ended and its workers' states are all there (workers: None
+    at a step the driver does not read)."""
     complete = lambda: step in self.snapshots and (
         self.snapshots[step][1] is None or all(x is not None for x in self.snapshots[step][1]))
     async with self.changed:
       await self.changed.wait_for(complete)
-    server, workers, clocks, means = self.snapshots.pop(step)
+    return self.snapshots.pop(step)
+
+  async def step(self, step: int):
+    """(state, metric means) at the end of step `step`; the state is None at
+    a step the driver does not read."""
+    server, workers, clocks, means = await self._snapshot(step)
     return None if workers is None else self.state(server, workers, clocks), means
 
   def trace(self) -> tuple[list[Event], int, list[list[float]], tuple, bool]:
@@ -218,9 +223,9 @@ class Server(_Ledger):
     return self.incarnation[w]
 
   async def pull(self, w: int, seconds: float, incarnation: int = 0):
-    """Worker w's next pull: (its state, its iteration), or None once the run
-    is over (or for a call of a worker's earlier incarnation). `seconds`: its
-    last measured transfer time, the pull's duration."""
+    """Worker w's next pull: (its message, its iteration), or None once the
+    run is over (or for a call of a worker's earlier incarnation). `seconds`:
+    its last measured transfer time, the pull's duration."""
     stale = lambda: self._stale(w, incarnation)
     if stale():
       return None
@@ -237,23 +242,26 @@ class Server(_Ledger):
     if self.finished:
       return None
     d = np.float32(seconds)
-    self.workers[w] = self.programs.pull(self.server, self.workers[w], d)
+    message = self._pull(w, d)
     self._event("pull", w, iteration=c, version=self.version, duration=float(d))
+    return message, c
+
+  def _pull(self, w: int, d: np.float32):
+    """Runs worker w's pull: the leaves its gradient reads."""
+    self.workers[w] = self.programs.pull(self.server, self.workers[w], d)
     leaves = jax.tree.leaves(self.workers[w])
     message = jax.device_get([leaves[i] for i in self.reads])
     self.bytes_total += _nbytes(message)
-    return message, c
+    return message
 
-  async def push(self, w: int, c: int, changed: list, compute_s: float, transfer_s: float,
+  async def push(self, w: int, c: int, changed, compute_s: float, transfer_s: float,
                  metrics: dict[str, float], incarnation: int = 0):
     """Applies worker w's iteration c on arrival, then serves its next pull.
     `changed`: the leaves of its state that its gradient changed."""
     if self.finished or self._stale(w, incarnation):
       return None
-    self.bytes_total += _nbytes(changed)
-    worker = _with(self.workers[w], self.changes, changed)
     d = np.float32(compute_s)
-    self.server, self.workers[w] = self.programs.apply(self.server, worker, d)
+    self._apply(w, c, changed, d, incarnation)
     self.version += 1
     self._event("apply", w, iteration=c, version=self.version, duration=float(d))
     self.batch_seconds[w].append(compute_s)
@@ -261,6 +269,12 @@ class Server(_Ledger):
     self._update(w)
     await self._notify()
     return None if self.finished else await self.pull(w, transfer_s, incarnation)
+
+  def _apply(self, w: int, c: int, changed, d: np.float32, incarnation: int) -> None:
+    """Applies worker w's push of iteration c: `changed`, its changed leaves."""
+    self.bytes_total += _nbytes(changed)
+    worker = _with(self.workers[w], self.changes, changed)
+    self.server, self.workers[w] = self.programs.apply(self.server, worker, d)
 
   def restore(self, state, step: int) -> None:
     super().restore(state, step)
@@ -280,7 +294,7 @@ class Worker:
     # the server by name: Ray cannot restart an actor whose constructor was
     # given an actor handle (it keeps such arguments in the object store)
     self.w, self.server, self.streams = worker, ray.get_actor(server), built.streams
-    self.programs = EventPrograms(built.algorithm, built.streams)
+    self.programs = EventPrograms(built.algorithm, built.streams, config.cluster.servers)
     self.template = None  # set by warm_up
 
   def identity(self) -> dict[str, Any]:
@@ -303,17 +317,205 @@ class Worker:
     t = time.perf_counter()
     reply = ray.get(self.server.pull.remote(self.w, 0.0, incarnation))
     while reply is not None:
+      pulled, c = self._received(reply)
       transfer = time.perf_counter() - t
-      message, c = reply
       t = time.perf_counter()
-      state, shares = self.programs.compute(_with(self.template, self.reads, message),
-                                            one_batch(self.streams, self.w, c))
+      state, shares = self.programs.compute(pulled, one_batch(self.streams, self.w, c))
       leaves = jax.block_until_ready(jax.tree.leaves(state))
       compute = time.perf_counter() - t
       t = time.perf_counter()
-      reply = ray.get(self.server.push.remote(
-          self.w, c, jax.device_get([leaves[i] for i in self.changes]), compute, transfer,
-          self.programs.means(self.w, jax.device_get(shares)), incarnation))
+      reply = self._push(c, jax.device_get([leaves[i] for i in self.changes]), compute,
+                         transfer, self.programs.means(self.w, jax.device_get(shares)),
+                         incarnation)
+
+  def _received(self, reply):
+    """(the state a pull's reply gives, its iteration)."""
+    message, c = reply
+    return _with(self.template, self.reads, message), c
+
+  def _push(self, c: int, changed: list, *args):
+    """Pushes iteration c (`changed`: the leaves `self.changes` of its
+    state); the server's reply, the next pull's."""
+    import ray
+    return ray.get(self.server.push.remote(self.w, c, changed, *args))
+
+
+class ShardedServer(Server):
+  """A parameter server split into k shard actors (`Shard`,
+  jaxdl.engines.shards): this actor keeps the order, the clocks, the
+  staleness bound and the trace; each pull, push and snapshot it grants gets
+  the next sequence number, and every shard runs them in that order on its
+  own leaves. A worker's leaves go to and from the shards directly: it
+  deposits its push at each shard before asking for it to be applied, so
+  an applied push is never one the shards lack."""
+
+  def __init__(self, config, task, observed: list[int], shards: list[str]):
+    import ray
+    super().__init__(config, task, observed)
+    self.shards = [ray.get_actor(name) for name in shards]
+    self.partition = self.programs.partition
+    self.seq = 0
+
+  async def warm_up(self) -> None:
+    """Finds the messages' leaves; each shard compiles its programs."""
+    self.reads, self.changes = self.programs.message_parts(
+        self.workers[0], one_batch(self.streams, 0, 0))
+    await self._load()
+
+  async def begin(self, state, step: int) -> None:
+    super().begin(state, step)
+    if step:
+      await self._load()
+
+  async def _load(self) -> None:
+    """Gives each shard its leaves of the state as it is now."""
+    split = self.partition.split
+    self.seq = 0
+    await asyncio.gather(*[shard.load.remote(
+        split(self.server, s, True), [split(w, s, False) for w in self.workers],
+        self.reads, self.changes) for s, shard in enumerate(self.shards)])
+
+  def _op(self, kind: str, w: int, *args) -> list:
+    """Grants the shards' next operation; its results (ObjectRefs)."""
+    seq, self.seq = self.seq, self.seq + 1
+    return [shard.op.remote(seq, kind, w, *args) for shard in self.shards]
+
+  def _pull(self, w: int, d: np.float32):
+    seq = self.seq
+    self._op("pull", w, d)
+    return seq  # the worker fetches its leaves from each shard
+
+  def _apply(self, w: int, c: int, nbytes: int, d: np.float32, incarnation: int) -> None:
+    """`nbytes`: what the worker sent to the shards, pulls and pushes."""
+    self.bytes_total += nbytes
+    self._op("apply", w, d, (c, incarnation))
+
+  def _workers_at_end(self, step: int) -> tuple:
+    return ()  # at the shards: the state comes with the snapshot
+
+  def _update(self, w: int) -> None:
+    ended = self.done_steps
+    super()._update(w)
+    for step in range(ended, self.done_steps):
+      if step in self.observed:  # the shards' leaves, as they are at this point of the order
+        server, _, clocks, means = self.snapshots[step]
+        self.snapshots[step] = (self._op("keep", -1, np.float32(0.0)), (), clocks, means)
+
+  async def step(self, step: int):
+    kept, workers, clocks, means = await self._snapshot(step)
+    if workers is None:
+      return None, means
+    parts = await asyncio.gather(*kept)  # per shard: (server leaves, each worker's)
+    join = self.partition.join
+    server = join(self.server, [p[0] for p in parts], True)
+    workers = [join(self.workers[w], [p[1][w] for p in parts], False) for w in range(self.m)]
+    return self.state(server, workers, clocks), means
+
+
+class Shard:
+  """Shard s of a parameter server: its leaves of the server's state and of
+  every worker's, on which it runs the algorithm's pull and apply
+  (`EventPrograms.shards[s]`) in the order of their sequence numbers, as the
+  `ShardedServer` grants them."""
+
+  def __init__(self, config, task, s: int):
+    built = _built(config, task)
+    programs = EventPrograms(built.algorithm, built.streams, config.cluster.servers)
+    self.s, self.programs = s, programs.shards[s]
+    self.own = programs.partition.worker_leaves(s)
+    self.next, self.changed, self.error = 0, asyncio.Condition(), None
+    self.deposits: dict[tuple[int, int, int], list] = {}  # (worker, iteration, incarnation)
+    self.replies: dict[int, tuple[int, list]] = {}  # worker -> (sequence number, leaves)
+
+  def identity(self) -> dict[str, Any]:
+    return process_identity(f"server shard {self.s}")
+
+  def load(self, server: list, workers: list, reads: Sequence[int], changes: Sequence[int]):
+    """Takes its leaves of the state (starting the order anew) and compiles
+    its programs; `reads`, `changes`: the leaves of a worker's state its
+    messages carry (EventPrograms.message_parts)."""
+    self.server, self.workers, self.next = server, list(workers), 0
+    self.reads = [k for k, i in enumerate(self.own) if i in reads]
+    self.changes = [k for k, i in enumerate(self.own) if i in changes]
+    self.deposits.clear()
+    self.replies.clear()
+    d = np.float32(0.0)
+    jax.block_until_ready(self.programs.apply(server, self.programs.pull(server, workers[0], d), d))
+
+  def deposit(self, w: int, c: int, incarnation: int, leaves: list) -> None:
+    """Worker w's changed leaves of iteration c, until their apply comes."""
+    for key in [k for k in self.deposits if k[0] == w and k[2] < incarnation]:
+      del self.deposits[key]  # a dead process's, never applied
+    self.deposits[(w, c, incarnation)] = leaves
+
+  async def op(self, seq: int, kind: str, w: int, d: np.float32, push=None):
+    """Runs operation `seq` once those before it have run: a pull of worker
+    w (its reply kept for `fetch`), an apply of its deposited push (`push`:
+    (iteration, incarnation)), or a copy of the leaves ("keep"), returned."""
+    async with self.changed:
+      await self.changed.wait_for(lambda: self.next == seq)
+    kept = None
+    try:
+      if kind == "pull":
+        self.workers[w] = self.programs.pull(self.server, self.workers[w], d)
+        self.replies[w] = (seq, jax.device_get([self.workers[w][k] for k in self.reads]))
+      elif kind == "apply":
+        worker = list(self.workers[w])
+        for k, x in zip(self.changes, self.deposits.pop((w, *push))):
+          worker[k] = x
+        self.server, self.workers[w] = self.programs.apply(self.server, worker, d)
+      else:
+        kept = jax.device_get((self.server, self.workers))
+    except Exception as e:  # the workers waiting on this shard learn of it
+      self.error = e
+      raise
+    finally:
+      self.next += 1
+      async with self.changed:
+        self.changed.notify_all()
+    return kept
+
+  async def fetch(self, w: int, seq: int):
+    """Worker w's pull `seq`: this shard's leaves of it (None if a later
+    pull of w replaced it)."""
+    async with self.changed:
+      await self.changed.wait_for(
+          lambda: self.error is not None or self.replies.get(w, (-1,))[0] >= seq)
+    if self.error is not None:
+      raise RuntimeError(f"server shard {self.s} failed") from self.error
+    got, leaves = self.replies[w]
+    return leaves if got == seq else None
+
+
+class ShardedWorker(Worker):
+  """A worker of a sharded parameter server: fetches its pull's leaves from
+  every shard, and deposits its push's there before asking the server to
+  apply it."""
+
+  def __init__(self, config, task, worker: int, server: str, shards: list[str]):
+    import ray
+    super().__init__(config, task, worker, server)
+    self.shards = [ray.get_actor(name) for name in shards]
+    self.own = [self.programs.partition.worker_leaves(s) for s in range(len(shards))]
+
+  def _received(self, reply):
+    import ray
+    seq, c = reply
+    parts = ray.get([shard.fetch.remote(self.w, seq) for shard in self.shards])
+    pulled = self.template
+    for own, part in zip(self.own, parts):
+      pulled = _with(pulled, [i for i in own if i in self.reads], part)
+    self.nbytes = _nbytes(parts)
+    return pulled, c
+
+  def _push(self, c: int, changed: list, compute: float, transfer: float, metrics, incarnation):
+    import ray
+    by_leaf = dict(zip(self.changes, changed))
+    parts = [[by_leaf[i] for i in own if i in by_leaf] for own in self.own]
+    ray.get([shard.deposit.remote(self.w, c, incarnation, part)
+             for shard, part in zip(self.shards, parts)])
+    return ray.get(self.server.push.remote(self.w, c, self.nbytes + _nbytes(parts), compute,
+                                           transfer, metrics, incarnation))
 
 
 class Coordinator(_Ledger):

@@ -35,8 +35,9 @@ from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base
-from jaxdl.engines.events import take
-from jaxdl.engines.ray_actors import Coordinator, Peer, Process, Server, Worker
+from jaxdl.engines.events import EventPrograms, take
+from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
+                                     ShardedWorker, Worker)
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
@@ -129,23 +130,23 @@ class _RayRun(base.LocalProcess):
       _by_value(self.task)
     self.started = connect(config.distributed.ray_address)
     self._ray = ray
-    self.server, self.workers = None, []
+    self.server, self.workers, self.shards = None, [], []
 
   def jitted_functions(self) -> list:
     return []
 
   def processes(self) -> list[dict[str, Any]]:
-    actors = [a for a in [self.server, *self.workers] if a is not None]
+    actors = [a for a in [self.server, *self.shards, *self.workers] if a is not None]
     return [base.process_identity("driver")] + self._ray.get(
         [a.identity.remote() for a in actors])
 
   def close(self) -> None:
     """Stops every actor (and a local Ray instance this engine started)."""
     ray = self._ray
-    for actor in [self.server, *(self.workers or [])]:
+    for actor in [self.server, *self.shards, *(self.workers or [])]:
       if actor is not None:
         ray.kill(actor)
-    self.server, self.workers = None, None
+    self.server, self.workers, self.shards = None, None, []
     if self.started and ray.is_initialized():
       ray.shutdown()
 
@@ -165,6 +166,9 @@ class RayEngine(_RayRun):
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
+    k = config.cluster.servers
+    if k > 1:  # a parameter server in k shards: refused before Ray starts if it does not split
+      EventPrograms(algorithm, streams, k)
     super().__init__(algorithm, problem, streams, config)
     ray = self._ray
     # Ray restarts a worker whose process died (ray_actors: what it rejoins with).
@@ -178,10 +182,16 @@ class RayEngine(_RayRun):
     name = f"jaxdl-server-{uuid.uuid4().hex}"
     central, worker, options = ((Server, Worker, {}) if self.centralized else
                                 (Coordinator, Peer, {"max_concurrency": 4}))
+    args = ()
+    if k > 1:  # k shard actors, found by name
+      args = ([f"{name}-shard-{s}" for s in range(k)],)
+      central, worker = ShardedServer, ShardedWorker
+      self.shards = [ray.remote(num_cpus=0, max_restarts=0)(Shard).options(
+          name=args[0][s]).remote(config, self.task, s) for s in range(k)]
     self.server = ray.remote(num_cpus=0, max_restarts=0)(central).options(
-        name=name, max_concurrency=concurrency).remote(config, self.task, observed)
+        name=name, max_concurrency=concurrency).remote(config, self.task, observed, *args)
     self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(worker).options(
-        **options).remote(config, self.task, w, name) for w in range(self.num_workers)]
+        **options).remote(config, self.task, w, name, *args) for w in range(self.num_workers)]
     self.restarts = [0] * self.num_workers
     self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
     self.started_workers = False
@@ -277,7 +287,8 @@ class RayEngine(_RayRun):
     self._fetch_trace()
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
                            devices=1, workers_per_device=self.num_workers,
-                           processes=self.num_workers + 2),  # and the driver, the server
+                           # and the driver, the server (its shards)
+                           processes=self.num_workers + 2 + len(self.shards)),
             **base.trace_figures(self.events, self.num_workers, self.bytes_total),
             "batch_seconds_per_worker": [float(np.mean(s)) if s else None
                                          for s in self.batch_seconds],

@@ -54,10 +54,13 @@ def _replayed(tmp_path):
 
 @pytest.mark.parametrize("name,settings", [
     ("asp", {}), ("ssp", {"staleness_bound": 1}),
+    # a server in 2 shard actors, each applying its leaves of every push
+    ("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003}),
     pytest.param("dc_asgd", {}, marks=pytest.mark.slow),
-    pytest.param("lc_asgd", {}, marks=pytest.mark.slow)])
+    pytest.param("lc_asgd", {}, marks=pytest.mark.slow),
+    pytest.param("lc_asgd", {"servers": 2}, marks=pytest.mark.slow)])
 def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, settings):
-  m = 3
+  m, k = 3, settings.get("servers", 1)
   ray_run = jaxdl.run(RunConfig.make(algorithm=name, engine="ray", workers=m,
                                      out=str(tmp_path / "ray"), **settings, **RUN))
   assert ray_run["status"] == "completed" and ray_run["engine"] == "ray"
@@ -70,9 +73,11 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
   assert sum(ray_run["batches_per_worker"]) == 12 * m
   assert ray_run["trace_time_s"] == events[-1].time and ray_run["central_cpu_s"] > 0
   processes = json.loads((tmp_path / "ray" / "cluster.json").read_text())["processes"]
-  assert [p["role"] for p in processes] == ["driver", "server"] + [
+  shards = [f"server shard {s}" for s in range(k)] if k > 1 else []
+  assert [p["role"] for p in processes] == ["driver", "server", *shards] + [
       f"worker {w}" for w in range(m)]
-  assert len({p["pid"] for p in processes}) == m + 2 and processes[0]["pid"] == os.getpid()
+  assert len({p["pid"] for p in processes}) == len(processes) == m + 2 + len(shards)
+  assert processes[0]["pid"] == os.getpid()
   assert ray_run["test_accuracy"] > 0.5
   replayed = _replayed(tmp_path)
   assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
@@ -233,8 +238,9 @@ def test_ray_refuses_what_it_cannot_run():
                      "with --engine sim"):
     validate(RunConfig.make(algorithm="asp", engine="sim", workers=2,
                                          ray_address="localhost:1"))
-  with pytest.raises(ConfigError, match="--servers=2 is not valid: 1 with --engine ray"):
-    validate(RunConfig.make(algorithm="asp", engine="ray", workers=2, servers=2))
+  with pytest.raises(ConfigError, match="--servers=2 is not valid: 1 with --engine ray for "
+                     "easgd, whose center is one actor"):
+    validate(RunConfig.make(algorithm="easgd", engine="ray", workers=2, servers=2))
   # Ray itself would retry an address where nothing listens for minutes
   for address, why in (("nowhere", ""), ("127.0.0.1:1", "; nothing answers there")):
     with pytest.raises(ConfigError, match=f"--ray-address='{address}' is not valid: the "
@@ -338,17 +344,16 @@ def test_ctrl_c_stops_every_actor(tmp_path):
   assert not _processes_of(temp)  # nor the local Ray instance
 
 
-def _kill_worker_1(out, steps: int, algorithm: str) -> list[trace.Event]:
+def _kill_worker_1(out, steps: int, algorithm: str, *flags: str) -> list[trace.Event]:
   """A 2-worker run whose worker 1's process gets SIGKILL once the first
   checkpoint is written; asserts it completes with that worker restarted
   once, and returns its trace."""
   # Ray takes about 3.5 s to bring the worker back here, in which the other
   # does hundreds of updates alone: the run is long enough to see it work on
   run = _popen(out, tempfile.mkdtemp(prefix="ray", dir="/tmp"), steps, "--checkpoint-every",
-               "50", algorithm=algorithm)
+               "50", *flags, algorithm=algorithm)
   try:
-    worker = _wait_for_trace(run, out)[3]
-    assert worker["role"] == "worker 1"
+    [worker] = [p for p in _wait_for_trace(run, out) if p["role"] == "worker 1"]
     os.kill(worker["pid"], signal.SIGKILL)
     try:
       _, stderr = run.communicate(timeout=300)
@@ -366,13 +371,14 @@ def _kill_worker_1(out, steps: int, algorithm: str) -> list[trace.Event]:
 
 
 @pytest.mark.slow
-def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path):
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_killed_worker_is_restarted_and_nothing_is_lost(tmp_path, servers):
   """SIGKILL to a worker's process mid-run: Ray restarts it, it pulls fresh
   parameters at its clock, the run completes with every update of its budget
-  at the server, the trace and summary record the restart, and the trace
-  still replays bit for bit."""
+  at the server (or its shards), the trace and summary record the restart,
+  and the trace still replays bit for bit."""
   out, steps = tmp_path / "ray", 1000
-  events = _kill_worker_1(out, steps, "asp")
+  events = _kill_worker_1(out, steps, "asp", "--servers", str(servers))
   restarts = [e for e in events if e.kind == "restart"]
   assert [e.worker for e in restarts] == [1]
   applies = [e for e in events if e.kind == "apply"]
@@ -407,12 +413,15 @@ def test_a_killed_worker_that_kept_its_own_model_rejoins_with_a_peers(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path, servers):
   """SIGKILL to the driver mid-run: its local Ray instance and actors go with
-  it; --resume continues from the last checkpoint to the full budget, and the
-  trace of the two processes together replays bit for bit."""
+  it; --resume continues from the last checkpoint to the full budget (a
+  sharded server's shards given their leaves of it), and the trace of the
+  two processes together replays bit for bit."""
   temp, out, steps = tempfile.mkdtemp(prefix="ray", dir="/tmp"), tmp_path / "ray", 300
-  run = _popen(out, temp, steps, "--checkpoint-every", "10")
+  flags = ("--checkpoint-every", "10", "--servers", str(servers))
+  run = _popen(out, temp, steps, *flags)
   try:
     actors = [p["pid"] for p in _wait_for_trace(run, out)]
     run.kill()
@@ -421,7 +430,7 @@ def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
     run.kill()
   psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=30)
   assert not any(psutil.pid_exists(p) for p in actors)
-  resumed = _popen(out, temp, steps, "--checkpoint-every", "10", "--resume")
+  resumed = _popen(out, temp, steps, *flags, "--resume")
   _, stderr = resumed.communicate(timeout=300)
   assert resumed.returncode == 0, stderr[-2000:]
   applies = [e for e in trace.read_trace(out / "trace.jsonl") if e.kind == "apply"]

@@ -204,7 +204,7 @@ class SimEngine(base.LocalProcess):
                         "leave its config.json beside it (it names the real engine)")
     self.metric_names = metric_names(problem, streams.example)
     if batching == "events":
-      self.batching, self.runner = batching, EventReplay(algorithm, streams)
+      self.batching, self.runner = batching, EventReplay(algorithm, streams, config.cluster.servers)
       return
     if batching == "auto":
       batching = choose_batching(problem, streams.example, max(streams.batch_sizes))
