@@ -11,7 +11,9 @@ workers together have processed the budget of samples; what a worker does
 after that is dropped, as an iteration still in flight at the end of a
 simulated schedule is. A parameter server (`Server`, with `Worker`) applies
 every push on arrival, in the order pushes really arrive, and under SSP
-holds a worker's pull until the slowest clock allows it. A `Coordinator`
+holds a worker's pull until the slowest clock allows it; split into k
+shards (`ShardedServer`, `Shard`, `ShardedWorker`), it keeps that order
+while each shard applies its own leaves of every push. A `Coordinator`
 (with `Peer`) serves workers that keep their own models: EASGD, GoSGD,
 AD-PSGD.
 

@@ -153,7 +153,8 @@ class _RayRun(base.LocalProcess):
 
 class RayEngine(_RayRun):
   """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
-  a parameter server that keeps every worker's state (centralized), or a
+  a parameter server that keeps every worker's state (centralized; with
+  --servers k, split over k shard actors besides), or a
   coordinator of workers that keep their own models (EASGD's center is at
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
   worker). A collective algorithm runs as `RayCollective`."""
