@@ -197,6 +197,7 @@ class _Training:
         self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
         self.initial_loss = meta.get("initial_loss")
     self.previous = self._previous_trace() if self.start else []
+    self.written: list[trace.Event] = []  # what trace.jsonl holds, once this process wrote it
     self.log = (rundir.MetricsLog(out, self.start if resuming else None)
                 if distributed.is_main() else rundir.NullLog())
     self.evaluator = Evaluator(setup.task)
@@ -303,10 +304,19 @@ class _Training:
     offset = self.previous[-1].time  # this process's clock starts after the last event
     return self.previous + [dataclasses.replace(e, time=e.time + offset) for e in current]
 
+  def _write_trace(self) -> None:
+    """Writes trace.jsonl: the events since the last write appended where
+    those written are still the trace's first (a real run's trace only
+    grows), else the whole."""
+    events, n = self._trace(), len(self.written)
+    grown = 0 < n <= len(events) and events[:n] == self.written
+    trace.write_trace(self.out / rundir.TRACE, events[n:] if grown else events, append=grown)
+    self.written = list(events)
+
   def _checkpoint(self, step: int) -> None:
     # The trace first: a checkpoint's steps are then always in trace.jsonl.
     if distributed.is_main():
-      trace.write_trace(self.out / rundir.TRACE, self._trace())
+      self._write_trace()
     self.ckpt.save(step, self.state, {"wall_time_s": self._elapsed(),
                                       "initial_loss": self.initial_loss})
 
@@ -342,6 +352,6 @@ class _Training:
     }
     summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
-      trace.write_trace(self.out / rundir.TRACE, self._trace())
+      self._write_trace()
       rundir.write_json(self.out / rundir.SUMMARY, summary)
     return summary

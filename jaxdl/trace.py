@@ -73,8 +73,8 @@ class Event:
   version: int = -1      # server version read ("pull") or produced ("apply")
 
   def to_json(self) -> str:
-    return json.dumps({k: v for k, v in dataclasses.asdict(self).items()
-                       if v != -1 and not (k == "duration" and v == 0.0)})
+    return json.dumps({k: v for k in FIELDS if (v := getattr(self, k)) != -1
+                       and not (k == "duration" and v == 0.0)})
 
   @staticmethod
   def from_json(line: str) -> Event:
@@ -82,8 +82,12 @@ class Event:
     return Event(**{"worker": -1, **json.loads(line)})
 
 
-def write_trace(path, events: Iterable[Event]) -> None:
-  with open(path, "w") as f:
+FIELDS = tuple(f.name for f in dataclasses.fields(Event))
+
+
+def write_trace(path, events: Iterable[Event], append: bool = False) -> None:
+  """Writes `events` to a trace.jsonl (after those it holds: `append`)."""
+  with open(path, "a" if append else "w") as f:
     for event in events:
       f.write(event.to_json() + "\n")
 

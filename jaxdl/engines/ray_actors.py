@@ -89,8 +89,9 @@ class _Ledger:
     self.batch_sizes, self.global_batch = built.streams.batch_sizes, built.global_batch
     self.clocks = [0] * self.m
     self.events: list[Event] = []
+    self.fetched = 0  # the events before this one are the driver's already, unchanged
     self.bytes_total = 0
-    self.batch_seconds = [[] for _ in range(self.m)]
+    self.batch_seconds = [[0.0, 0] for _ in range(self.m)]  # per worker: sum, count
     self.done_steps, self.samples = 0, 0
     self.finished = False
     self.sums, self.count, self.names = {}, 0, set()
@@ -187,11 +188,24 @@ class _Ledger:
     server, workers, clocks, means = await self._snapshot(step)
     return None if workers is None else self.state(server, workers, clocks), means
 
-  def trace(self) -> tuple[list[Event], int, list[list[float]], tuple, bool]:
-    """The events so far, bytes sent, seconds per batch per worker, the CPU
-    seconds of this actor and of its machine until the last update, and
-    whether the run is over (nothing more will change)."""
-    return self.events, self.bytes_total, self.batch_seconds, self.cpu_s, self.finished
+  async def steps(self, first: int, last: int) -> list:
+    """`step` of each of the steps first, ..., last (the driver's one call for them)."""
+    return [await self.step(s) for s in range(first, last + 1)]
+
+  def _timed(self, w: int, seconds: float) -> None:
+    """Counts a batch of worker w that took `seconds` to compute."""
+    self.batch_seconds[w][0] += seconds
+    self.batch_seconds[w][1] += 1
+
+  def trace(self, have: int = 0) -> tuple[int, list[Event], int, list, tuple, bool]:
+    """The events the driver lacks, that already has the first `have`: (the
+    index of the first sent, the events from there; the driver's from there
+    on are replaced), bytes sent, mean seconds per batch per worker (None:
+    none yet), the CPU seconds of this actor and of its machine until the
+    last update, and whether the run is over (nothing more will change)."""
+    start, self.fetched = min(have, self.fetched), len(self.events)
+    means = [total / n if n else None for total, n in self.batch_seconds]
+    return start, self.events[start:], self.bytes_total, means, self.cpu_s, self.finished
 
 
 class Server(_Ledger):
@@ -266,7 +280,7 @@ class Server(_Ledger):
     self._apply(w, c, changed, d, incarnation)
     self.version += 1
     self._event("apply", w, iteration=c, version=self.version, duration=float(d))
-    self.batch_seconds[w].append(compute_s)
+    self._timed(w, compute_s)
     self._add(metrics)
     self._update(w)
     await self._notify()
@@ -590,7 +604,7 @@ class Coordinator(_Ledger):
       return False, owed
     self._event(kind, w, iteration=iteration, peer=peer, duration=seconds or 0.0)
     if seconds is not None:
-      self.batch_seconds[w].append(seconds)
+      self._timed(w, seconds)
     if metrics is not None:
       self._add(metrics)
     if kind == "send":  # GoSGD: the message, at its sending
@@ -661,6 +675,7 @@ class Coordinator(_Ledger):
       e = self.events[i]
       if (e.kind, e.worker, e.peer, e.iteration) == ("average", w, peer, c):
         del self.events[i]
+        self.fetched = min(self.fetched, i)
         return
 
   async def reserve(self, w: int, donor: int) -> None:

@@ -17,6 +17,7 @@ Ray's token authentication as that cluster has it (RAY_AUTH_TOKEN).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import socket
@@ -42,6 +43,9 @@ from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
 """Times Ray restarts a worker's process that died, before the run fails."""
+STEPS_PER_CALL = 32
+"""The driver fetches the ends of up to this many steps in one call (fewer
+where it reads the state): a call per step took about a third of a core."""
 RESTART_TIMEOUT_S = 120.0
 """Seconds a restarting worker may take to start again."""
 
@@ -178,6 +182,8 @@ class RayEngine(_RayRun):
     # The state travels to the driver only at the steps the runner reads it.
     cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
     observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
+    self.observed, self.total_steps = observed, total_steps
+    self.ended = {}  # the steps ended, fetched but not yet taken
     # The workers find the central actor by its name: Ray cannot restart an
     # actor whose constructor was given an actor handle.
     name = f"jaxdl-server-{uuid.uuid4().hex}"
@@ -198,7 +204,7 @@ class RayEngine(_RayRun):
     self.started_workers = False
     self.events: list[trace.Event] = []
     self.trace_final = False  # the run is over: the trace fetched is the whole
-    self.bytes_total, self.batch_seconds = 0, [[] for _ in range(self.num_workers)]
+    self.bytes_total, self.batch_seconds = 0, [None] * self.num_workers
     self.cpu_s = (0.0, None)
 
   def init(self, key: jax.Array):
@@ -270,15 +276,19 @@ class RayEngine(_RayRun):
                 for w, worker in enumerate(self.workers)]
       self.running = dict(zip(runs, range(self.num_workers)))
       self.started_workers = True
-    new, means = self._get(self.server.step.remote(step))
+    if step not in self.ended:  # this step's and the next ones', up to the next one observed
+      observed = self.observed[bisect.bisect_left(self.observed, step):]
+      last = min(observed[:1] + [step + STEPS_PER_CALL - 1, self.total_steps - 1])
+      self.ended = dict(enumerate(self._get(self.server.steps.remote(step, last)), step))
+    new, means = self.ended.pop(step)
     # The state at a step whose end the runner does not read is not gathered.
     return state if new is None else new, {k: np.float32(v) for k, v in means.items()}
 
   def _fetch_trace(self) -> None:
     if self.server is not None and not self.trace_final:
-      (self.events, self.bytes_total, self.batch_seconds, self.cpu_s,
-       self.trace_final) = self._get(
-          self.server.trace.remote())
+      (start, events, self.bytes_total, self.batch_seconds, self.cpu_s,
+       self.trace_final) = self._get(self.server.trace.remote(len(self.events)))
+      self.events[start:] = events
 
   def trace(self) -> list[trace.Event]:
     self._fetch_trace()
@@ -291,8 +301,7 @@ class RayEngine(_RayRun):
                            # and the driver, the server (its shards)
                            processes=self.num_workers + 2 + len(self.shards)),
             **base.trace_figures(self.events, self.num_workers, self.bytes_total),
-            "batch_seconds_per_worker": [float(np.mean(s)) if s else None
-                                         for s in self.batch_seconds],
+            "batch_seconds_per_worker": self.batch_seconds,
             # what --engine sim models as simulated_time_s: the clock at the last event
             "trace_time_s": self.events[-1].time if self.events else 0.0,
             # CPU seconds until then: the server's or coordinator's (all its
