@@ -7,7 +7,8 @@ against a baseline measured in the same run.
    compute seconds, is what the engine adds; the baseline is a bare Ray
    actor round trip carrying the same messages (a push there, a pull
    back), timed in the same Ray instance. The machine's CPU seconds per
-   update bound the scaling on its cores.
+   update bound the scaling on its cores, as long as they stay what one
+   worker's cost.
 2. Scaling: samples/s of ray asp with M workers over one worker's: the
    run's (wall time, the driver's evaluation and checkpoint included) and
    the server's (samples applied from the first pull to the last apply).
@@ -151,9 +152,9 @@ def measure(args: Args) -> dict[str, dict[int, dict]]:
         cpu = r["machine_cpu_s"] / r["steps"]
         print(f"  1 worker: {per_update * 1e3:.2f} ms an update, {compute * 1e3:.2f} ms of "
               f"compute: overhead {overhead * 1e3:.2f} ms = {overhead / bare:.2f} x the bare "
-              f"round trip. The machine's CPU per update: {cpu * 1e3:.2f} ms, so its "
-              f"{os.cpu_count()} cores allow at most {os.cpu_count() * per_update / cpu:.2f} x "
-              "one worker's updates per second")
+              f"round trip. The machine's CPU per update: {cpu * 1e3:.2f} ms; at that cost "
+              f"its {os.cpu_count()} cores allow at most "
+              f"{os.cpu_count() * per_update / cpu:.2f} x one worker's updates per second")
       print(f"  {'workers':>8}{'samples/s':>12}{'vs 1':>8}{'at server':>11}{'vs 1':>8}"
             f"{'staleness':>11}{'CPU ms/upd':>12}{'start-up s':>12}")
       base, server = (runs[min(runs)][k] for k in ("samples_per_s", "server_samples_per_s"))
