@@ -9,13 +9,13 @@ Two short ray runs with one worker, so that nothing waits for anyone:
 - gosgd: each local step is a gradient and the coordinator's grant;
   `order_time` is what the coordinator spends on one event.
 
-A central actor's time per call is bounded twice: by its process's CPU
-seconds per call (Ray's idle threads included, so loose where the actor
-waits), and by a worker's cycle less its gradient (the messages and both
-ends' work, so loose where the worker's side is slow). The profile takes
-the tighter, or, if larger, the machine's CPU seconds per call (every
-process's: the workers', the driver's, Ray's) over its cores: once more
-workers keep the central actor busy, they share the cores with it.
+A central actor's time per call, once more workers keep it busy, lies
+between two one-worker measures: its process's CPU seconds per call (what
+it does, without waiting for a core it shares with the workers) and a
+worker's cycle less its gradient (the messages and both ends' work, some of
+which overlaps the actor's once there are two workers). The profile takes
+their mean, or, if larger, the machine's CPU seconds per call (every
+process's: the workers', the driver's, Ray's) over its cores.
 
 On one machine a message's cost is the processes' own work, so a profile
 counts it in these two times and sets the links between workers free
@@ -78,16 +78,16 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
       runs[algorithm] = _measure(config, algorithm, Path(tmp) / algorithm)
   compute, cores = runs["asp"]["compute_time"], len(os.sched_getaffinity(0))
   for r in runs.values():
-    # Two upper bounds on the central actor's time per call, one at a time:
-    # its CPU seconds per call (all its threads, idle ones included), and a
-    # worker's whole cycle less its gradient (the messages and both ends'
-    # work). The tighter one is the profile's.
+    # What brackets the busy central actor's time per call: its CPU seconds
+    # per call (all its threads) below, a worker's whole cycle less its
+    # gradient (the messages and both ends' work) above; the profile takes
+    # their mean (BENCHMARKS.md: the busy server's measured time lies between)
     r["cpu_bound"] = r["central_cpu_s"] / r["updates"]
     r["cycle_bound"] = max(r["seconds"] / r["updates"] - compute, 0.0)
-    # and one lower bound once the workers keep it busy: every process's CPU
+    # and a lower bound once the workers keep it busy: every process's CPU
     # seconds per call (the machine's) shared by its cores
     r["machine_bound"] = (r["machine_cpu_s"] or 0.0) / r["updates"] / cores
-  central = lambda r: max(min(r["cpu_bound"], r["cycle_bound"]), r["machine_bound"])
+  central = lambda r: max((r["cpu_bound"] + r["cycle_bound"]) / 2, r["machine_bound"])
   profile = Profile(model=config.model.model, dataset=config.data.dataset,
                     batch_size=config.data.batch_size, compute_time=compute,
                     server_time=central(runs["asp"]), order_time=central(runs["gosgd"]))
