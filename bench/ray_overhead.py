@@ -49,6 +49,8 @@ class Args:
   """Steps of each run (a step: every worker's batch once, on average)."""
   batch_size: int = 32
   round_trips: int = 300
+  pin_workers: bool = False
+  """Each worker's process on a core of its own (`--pin-workers`)."""
   against_inline_bytes: int | None = None
   """Also measure every run with Ray sending messages inside its calls only
   up to this many bytes (102400: Ray's own default; the engine's is
@@ -101,7 +103,8 @@ def ray_run(model: str, workers: int, args: Args, out: Path) -> dict:
   `server_samples_per_s` over it."""
   config = RunConfig.make(algorithm="asp", engine="ray", workers=workers, model=model,
                           batch_size=args.batch_size, steps=args.steps, progress=False,
-                          eval_every=args.steps, checkpoint_every=args.steps, out=str(out))
+                          eval_every=args.steps, checkpoint_every=args.steps, out=str(out),
+                          pin_workers=args.pin_workers)
   start = time.perf_counter()
   summary = jaxdl.run(config)
   summary["total_s"] = time.perf_counter() - start

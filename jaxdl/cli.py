@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import faulthandler
+import gc
 import inspect
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -94,6 +96,15 @@ def _run(args: list[str]) -> int:
 
 
 def _interrupt(signum, frame) -> None:
+  """Ctrl-C, or SIGTERM during `compare`: a KeyboardInterrupt, unless Python
+  is running a garbage-collection callback (jax has one), which would only
+  print it and go on: then the same signal again, shortly, out of it."""
+  callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+  while frame is not None:
+    if frame.f_code in callbacks:
+      threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+      return
+    frame = frame.f_back
   raise KeyboardInterrupt
 
 
@@ -278,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxdl: error: unknown command {argv[0]!r}; allowed: {', '.join(COMMANDS)}",
           file=sys.stderr)
     return 2
+  handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C
   try:
     return command(argv[1:])
   except ConfigError as e:
@@ -288,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "compare" else ""
     print(f"jaxdl {argv[0]}: interrupted{kept}", file=sys.stderr)
     return 130
+  finally:
+    if threading.current_thread() is threading.main_thread():
+      for n, handler in handlers.items():
+        signal.signal(n, handler)
 
 
 if __name__ == "__main__":

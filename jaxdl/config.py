@@ -122,6 +122,8 @@ class DistributedConfig:
   """Seconds a process waits for all the others to reach the coordinator; then a one-line error (exit code 2)."""
   ray_address: str | None = None
   """--engine ray: HOST:PORT of a running Ray cluster to join (`ray start --head`); unset: a local Ray instance on the loopback address."""
+  pin_workers: bool = False
+  """--engine ray: each asynchronous worker's process on one core of its own (worker w on core w mod the cores it may use), one rank per core: a worker's gradient then does not spread over the other workers' cores through XLA's threads. A replay of such a run (--replay) ignores it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,6 +466,10 @@ def resolve(config: RunConfig):
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
                           "(--engine sim), which a run on real devices does not have")
+  if config.distributed.pin_workers and engine != "ray" and not config.output.replay:
+    # (a replay keeps the recorded ray run's config, this flag included)
+    raise ConfigError("pin_workers", True, f"False with --engine {engine} (it places the ray "
+                      "engine's worker processes)")
   if config.distributed.ray_address is not None and engine != "ray":
     raise ConfigError("ray_address", config.distributed.ray_address,
                       f"left unset with --engine {engine} (it is where --engine ray runs)")

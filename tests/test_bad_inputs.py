@@ -277,6 +277,13 @@ def test_servers_for_an_algorithm_without_a_server_is_refused(tmp_path, capsys, 
   assert "bsp" in line and algorithm + " keeps no parameter server" in line
 
 
+def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--workers", "2",
+                          "--pin-workers"], "--pin-workers", out)
+  assert "False with --engine sim" in line
+
+
 def test_more_ray_server_shards_than_the_model_splits_into_are_refused(tmp_path, capsys):
   out = tmp_path / "run"
   line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--engine", "ray",

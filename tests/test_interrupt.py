@@ -78,3 +78,29 @@ def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
   assert _statuses(out) == timing
   assert len(list(out.glob("*-timing/summary.json"))) == 2
   assert not list(out.glob("*-m2/summary.json"))
+
+
+def test_an_interrupt_inside_a_garbage_collection_callback_is_raised_after_it(capsys):
+  """Python only prints an exception raised in a gc callback (jax has one):
+  a SIGTERM or Ctrl-C that lands there is raised again after it, not lost
+  or printed as a traceback."""
+  import gc
+
+  from jaxdl import cli
+
+  def callback(phase, info):
+    if phase == "start":
+      signal.raise_signal(signal.SIGTERM)  # its handler runs here, in the callback
+  previous = signal.signal(signal.SIGTERM, cli._interrupt)
+  gc.callbacks.append(callback)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      gc.collect()
+      gc.callbacks.remove(callback)
+      for _ in range(2000):  # the signal again, 50 ms later
+        time.sleep(0.001)
+  finally:
+    if callback in gc.callbacks:
+      gc.callbacks.remove(callback)
+    signal.signal(signal.SIGTERM, previous)
+  assert "Traceback" not in capsys.readouterr().err

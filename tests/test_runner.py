@@ -26,7 +26,8 @@ def test_run_directory_is_complete(tmp_path):
       "trace.jsonl"]
   # an engine in this process: one process, this one
   processes = json.loads((out / "cluster.json").read_text())["processes"]
-  assert processes == [{"role": "driver", "pid": os.getpid(), "host": socket.gethostname()}]
+  assert processes == [{"role": "driver", "pid": os.getpid(), "host": socket.gethostname(),
+                        "cores": sorted(os.sched_getaffinity(0))}]
   trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
   assert [e["iteration"] for e in trace] == list(range(88))
   assert all(e["kind"] == "step" for e in trace)

@@ -116,10 +116,17 @@ class Streams:
 
   def weights(self) -> np.ndarray:
     """(M, b_max) float32: each worker's example weights, 1/B for its real
-    examples (B = sum of all batch sizes) and 0 for padding to b_max."""
+    examples (B = sum of all batch sizes) and 0 for padding to b_max
+    (read-only: every batch's rows come from it)."""
+    return self._weights
+
+  @functools.cached_property
+  def _weights(self) -> np.ndarray:
     b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
-    return np.stack([np.where(np.arange(b_max) < b, 1.0 / total, 0.0)
-                     for b in self.batch_sizes]).astype(np.float32)
+    weights = np.stack([np.where(np.arange(b_max) < b, 1.0 / total, 0.0)
+                        for b in self.batch_sizes]).astype(np.float32)
+    weights.flags.writeable = False
+    return weights
 
   def stacked_batches(self, pairs: Sequence[tuple[int, int]]
                       ) -> tuple[Fields, np.ndarray, np.ndarray]:

@@ -77,8 +77,10 @@ class Engine(Protocol):
 
 
 def process_identity(role: str) -> dict[str, Any]:
-  """Who this process is in a run (cluster.json): its role, process id and host."""
-  return {"role": role, "pid": os.getpid(), "host": socket.gethostname()}
+  """Who this process is in a run (cluster.json): its role, process id, host
+  and the cores it may run on (None where the system does not say)."""
+  cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+  return {"role": role, "pid": os.getpid(), "host": socket.gethostname(), "cores": cores}
 
 
 class LocalProcess:

@@ -59,6 +59,20 @@ def _cpu_seconds() -> tuple[float, float | None]:
   return time.process_time(), machine
 
 
+def _pin(config, worker: int) -> None:
+  """With --pin-workers, puts every thread of this process (those XLA starts
+  later too) on one core: worker w's, w mod the cores it may use (Linux)."""
+  if not config.distributed.pin_workers or not hasattr(os, "sched_setaffinity"):
+    return
+  cores = sorted(os.sched_getaffinity(0))
+  core = {cores[worker % len(cores)]}
+  for thread in os.listdir("/proc/self/task"):
+    try:
+      os.sched_setaffinity(int(thread), core)
+    except OSError:  # a thread that has just ended
+      pass
+
+
 def _nbytes(tree) -> int:
   return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
 
@@ -306,6 +320,7 @@ class Worker:
 
   def __init__(self, config, task, worker: int, server: str):
     import ray
+    _pin(config, worker)
     built = _built(config, task)
     # the server by name: Ray cannot restart an actor whose constructor was
     # given an actor handle (it keeps such arguments in the object store)
@@ -711,6 +726,7 @@ class Peer:
 
   def __init__(self, config, task, worker: int, coordinator: str):
     import ray
+    _pin(config, worker)
     built = _built(config, task)
     # the coordinator by name: Ray can restart this actor (see Worker)
     self.w, self.coordinator, self.streams = worker, ray.get_actor(coordinator), built.streams
@@ -751,13 +767,22 @@ class Peer:
           owed, {v: jax.device_get(models[v]) for v in owed}))
     return granted
 
+  def begin(self, state) -> None:
+    """Takes its model at the run's start, before any worker runs (a peer's
+    message or average may come before this worker's own first event)."""
+    with self.lock:
+      self.state = state
+
   def run(self, state, clock: int, peers: list, incarnation: int = 0) -> None:
-    """Works from `state` at its clock until the run is over. `peers`: every
-    worker's actor, for GoSGD and AD-PSGD; `incarnation`: how many times
-    this worker's process was restarted."""
+    """Works from its clock until the run is over: from `state` (None: the
+    one `begin` gave it, and what has been merged into it since). `peers`:
+    every worker's actor, for GoSGD and AD-PSGD; `incarnation`: how many
+    times this worker's process was restarted."""
     import ray
     with self.lock:
-      self.state, self.incarnation = state, incarnation
+      self.incarnation = incarnation
+      if state is not None:
+        self.state = state
     run = {Elastic: self._elastic, Gossip: self._gossip}.get(type(self.algorithm),
                                                              self._decentralized)
     run(clock, peers)

@@ -271,8 +271,11 @@ class RayEngine(_RayRun):
       self._get(self.server.begin.remote(state, step))
       if self.centralized:
         runs = [worker.run.remote() for worker in self.workers]
-      else:
-        runs = [worker.run.remote(take(state[1], w), int(state[2][w]), self.workers)
+      else:  # every worker has its model before any starts
+        for ref in [worker.begin.remote(take(state[1], w))
+                    for w, worker in enumerate(self.workers)]:
+          self._get(ref)
+        runs = [worker.run.remote(None, int(state[2][w]), self.workers)
                 for w, worker in enumerate(self.workers)]
       self.running = dict(zip(runs, range(self.num_workers)))
       self.started_workers = True

@@ -55,7 +55,7 @@ def _replayed(tmp_path):
 @pytest.mark.parametrize("name,settings", [
     ("asp", {}), ("ssp", {"staleness_bound": 1}),
     # a server in 2 shard actors, each applying its leaves of every push
-    ("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003}),
+    ("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003, "pin_workers": True}),
     pytest.param("dc_asgd", {}, marks=pytest.mark.slow),
     pytest.param("lc_asgd", {}, marks=pytest.mark.slow),
     pytest.param("lc_asgd", {"servers": 2}, marks=pytest.mark.slow)])
@@ -78,6 +78,9 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
       f"worker {w}" for w in range(m)]
   assert len({p["pid"] for p in processes}) == len(processes) == m + 2 + len(shards)
   assert processes[0]["pid"] == os.getpid()
+  cores = sorted(os.sched_getaffinity(0))
+  for w, p in enumerate(processes[-m:]):  # --pin-workers: worker w on core w mod the cores
+    assert p["cores"] == ([cores[w % len(cores)]] if settings.get("pin_workers") else cores)
   assert ray_run["test_accuracy"] > 0.5
   replayed = _replayed(tmp_path)
   assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
@@ -194,12 +197,13 @@ def test_the_server_enforces_ssp_bound_between_real_processes(ray_instance, tmp_
 
 
 def test_no_actor_outlives_its_run(ray_instance, tmp_path):
-  before = {p.pid for p in psutil.process_iter()}
   jaxdl.run(RunConfig.make(algorithm="asp", engine="ray", workers=2, out=str(tmp_path / "r"),
                            **RUN))
   processes = json.loads((tmp_path / "r" / "cluster.json").read_text())["processes"]
+  # a server and 2 workers, each its own process (Ray may start an actor in
+  # a worker process it had started beforehand, idle)
   actors = {p["pid"] for p in processes[1:]}
-  assert actors.isdisjoint(before)
+  assert len(actors) == 3 and os.getpid() not in actors
   psutil.wait_procs([psutil.Process(p) for p in actors if psutil.pid_exists(p)], timeout=10)
   assert not any(psutil.pid_exists(p) for p in actors)
 
