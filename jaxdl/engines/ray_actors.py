@@ -287,7 +287,8 @@ class Server(_Ledger):
   async def push(self, w: int, c: int, changed, compute_s: float, transfer_s: float,
                  metrics: dict[str, float], incarnation: int = 0):
     """Applies worker w's iteration c on arrival, then serves its next pull.
-    `changed`: the leaves of its state that its gradient changed."""
+    `changed`: the leaves of its state that its gradient changed (to a
+    `ShardedServer`: the bytes it sent the shards, which hold those)."""
     if self.finished or self._stale(w, incarnation):
       return None
     d = np.float32(compute_s)
@@ -429,7 +430,7 @@ class ShardedServer(Server):
     super()._update(w)
     for step in range(ended, self.done_steps):
       if step in self.observed:  # the shards' leaves, as they are at this point of the order
-        server, _, clocks, means = self.snapshots[step]
+        _, _, clocks, means = self.snapshots[step]
         self.snapshots[step] = (self._op("keep", -1, np.float32(0.0)), (), clocks, means)
 
   async def step(self, step: int):
