@@ -599,3 +599,10 @@ def test_a_coordinator_grants_one_event_at_a_time_by_hand():
   assert [(e.kind, e.iteration, e.time) for e in elastic(cost, 4, period=2)] == [
       ("local", 0, 1.5), ("local", 1, 3.0), ("exchange", 1, 5.0), ("local", 2, 6.5),
       ("local", 3, 8.0)]
+
+
+def test_a_budget_below_zero_is_refused_and_a_plain_schedule_moved_nothing():
+  with pytest.raises(ValueError) as error:  # a programming error: no user sets a budget
+    Budget(-1)
+  assert str(error.value) == "budget=-1: an integer >= 0 (samples, or updates)"
+  assert Schedule([]).bytes_total == 0.0 and Schedule([]).queued_s == ()
