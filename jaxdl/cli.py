@@ -95,16 +95,31 @@ def _run(args: list[str]) -> int:
   return 0
 
 
+class _Collecting:
+  """Whether Python's garbage collector is running (its callbacks, weakref
+  callbacks and finalizers run then, and an exception raised in them is
+  only printed): set by a gc callback before every other, cleared by one
+  after every other."""
+  now = False
+
+  @staticmethod
+  def start(phase: str, info) -> None:
+    if phase == "start":
+      _Collecting.now = True
+
+  @staticmethod
+  def stop(phase: str, info) -> None:
+    if phase == "stop":
+      _Collecting.now = False
+
+
 def _interrupt(signum, frame) -> None:
-  """Ctrl-C, or SIGTERM during `compare`: a KeyboardInterrupt, unless Python
-  is running a garbage-collection callback (jax has one), which would only
-  print it and go on: then the same signal again, shortly, out of it."""
-  callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
-  while frame is not None:
-    if frame.f_code in callbacks:
-      threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
-      return
-    frame = frame.f_back
+  """Ctrl-C, or SIGTERM during `compare`: a KeyboardInterrupt, unless the
+  garbage collector is running, which would only print it and go on: then
+  the same signal again, shortly, out of it."""
+  if _Collecting.now:
+    threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+    return
   raise KeyboardInterrupt
 
 
@@ -292,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
   handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C
+  gc.callbacks.insert(0, _Collecting.start)
+  gc.callbacks.append(_Collecting.stop)
   try:
     return command(argv[1:])
   except ConfigError as e:
@@ -303,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxdl {argv[0]}: interrupted{kept}", file=sys.stderr)
     return 130
   finally:
+    gc.callbacks.remove(_Collecting.start)
+    gc.callbacks.remove(_Collecting.stop)
     if threading.current_thread() is threading.main_thread():
       for n, handler in handlers.items():
         signal.signal(n, handler)

@@ -80,27 +80,39 @@ def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
   assert not list(out.glob("*-m2/summary.json"))
 
 
-def test_an_interrupt_inside_a_garbage_collection_callback_is_raised_after_it(capsys):
-  """Python only prints an exception raised in a gc callback (jax has one):
-  a SIGTERM or Ctrl-C that lands there is raised again after it, not lost
-  or printed as a traceback."""
+@pytest.mark.parametrize("where", ["gc callback", "weakref callback"])
+def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where):
+  """Python only prints an exception raised while its garbage collector
+  runs (in a gc callback, jax has one; a weakref callback; a finalizer): a
+  SIGTERM or Ctrl-C that lands there is raised again after it, not lost or
+  printed as a traceback."""
   import gc
+  import weakref
 
   from jaxdl import cli
 
-  def callback(phase, info):
-    if phase == "start":
-      signal.raise_signal(signal.SIGTERM)  # its handler runs here, in the callback
+  class Cycle:
+    pass
+
+  def interrupt(*args):
+    signal.raise_signal(signal.SIGTERM)  # its handler runs here, during the collection
+  callback = lambda phase, info: interrupt() if phase == "start" else None
   previous = signal.signal(signal.SIGTERM, cli._interrupt)
-  gc.callbacks.append(callback)
+  gc.callbacks[:0] = [cli._Collecting.start] + ([callback] if where == "gc callback" else [])
+  gc.callbacks.append(cli._Collecting.stop)
   try:
     with pytest.raises(KeyboardInterrupt):
+      if where == "weakref callback":
+        garbage = Cycle()
+        garbage.self = garbage  # freed by the collector alone
+        watch = weakref.ref(garbage, interrupt)  # noqa: F841 (called as it is freed)
+        del garbage
       gc.collect()
-      gc.callbacks.remove(callback)
       for _ in range(2000):  # the signal again, 50 ms later
         time.sleep(0.001)
   finally:
-    if callback in gc.callbacks:
-      gc.callbacks.remove(callback)
+    for cb in (cli._Collecting.start, callback, cli._Collecting.stop):
+      if cb in gc.callbacks:
+        gc.callbacks.remove(cb)
     signal.signal(signal.SIGTERM, previous)
   assert "Traceback" not in capsys.readouterr().err
