@@ -422,20 +422,14 @@ class ShardedServer(Server):
     self.bytes_total += nbytes
     self._op("apply", w, d, (c, incarnation))
 
-  def _workers_at_end(self, step: int) -> tuple:
-    return ()  # at the shards: the state comes with the snapshot
-
-  def _update(self, w: int) -> None:
-    ended = self.done_steps
-    super()._update(w)
-    for step in range(ended, self.done_steps):
-      if step in self.observed:  # the shards' leaves, as they are at this point of the order
-        _, _, clocks, means = self.snapshots[step]
-        self.snapshots[step] = (self._op("keep", -1, np.float32(0.0)), (), clocks, means)
+  def _workers_at_end(self, step: int) -> list:
+    """The shards' copies of their leaves, as they are at this point of the
+    order (ObjectRefs, gathered by `step`)."""
+    return self._op("keep", -1, np.float32(0.0))
 
   async def step(self, step: int):
-    kept, workers, clocks, means = await self._snapshot(step)
-    if workers is None:
+    _, kept, clocks, means = await self._snapshot(step)
+    if kept is None:
       return None, means
     parts = await asyncio.gather(*kept)  # per shard: (server leaves, each worker's)
     join = self.partition.join

@@ -36,9 +36,10 @@ from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base
-from jaxdl.engines.events import EventPrograms, take
+from jaxdl.engines.events import state_shapes, take
 from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
                                      ShardedWorker, Worker)
+from jaxdl.engines.shards import Partition
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
@@ -173,7 +174,7 @@ class RayEngine(_RayRun):
                config, total_steps: int):
     k = config.cluster.servers
     if k > 1:  # a parameter server in k shards: refused before Ray starts if it does not split
-      EventPrograms(algorithm, streams, k)
+      Partition.of(algorithm, *state_shapes(algorithm), k)
     super().__init__(algorithm, problem, streams, config)
     ray = self._ray
     # Ray restarts a worker whose process died (ray_actors: what it rejoins with).

@@ -5,14 +5,16 @@ state and a worker's. They split into k shards when their leaves do:
 `Partition.of` reads, in each handler's jaxpr, which leaves of its result
 depend on which of its arguments, and groups the leaves into parts no
 handler mixes. Each shard runs the same handler on its own part (the others'
-leaves stand in as zeros, which the compiler drops as unused), so k shards
-compute exactly the leaves one server would. Small leaves that depend only
-on one another (an update counter, an optimizer's step count) are kept by
-every shard, each computing the same value.
+leaves stand in as zeros, which the compiler drops as unused): the same math
+as one server, compiled apart (adam's parameters may differ from one
+server's by an ulp, so a sharded run replays with these same programs).
+Small leaves that a large one reads, computed from small leaves alone (an
+optimizer's step count), are kept by every shard, each computing the same
+value.
 
-An optimizer that mixes every leaf (a global-norm clip, LAMB's trust ratio
-per leaf is fine, but a norm over all leaves is not) leaves one part: such a
-server cannot be split, and `Partition.of` says so.
+An update that reads every leaf (a global-norm clip; LAMB's per-leaf trust
+ratio is fine) leaves one part: such a server cannot be split, and
+`Partition.of` says so.
 """
 from __future__ import annotations
 
