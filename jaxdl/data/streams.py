@@ -19,7 +19,7 @@ from jaxdl.data.fields import Fields, FunctionData, IterableData, check_fields
 from jaxdl.errors import ConfigError, TaskError
 
 
-def _largest_remainder(total: int, weights: Sequence[float],
+def largest_remainder(total: int, weights: Sequence[float],
                        minimum: int) -> tuple[int, ...]:
   """Splits `total` in proportion to `weights`, each part at least `minimum`."""
   w = np.asarray(weights, np.float64)
@@ -56,7 +56,7 @@ def partition_batch(global_batch: int,
     raise ConfigError("batch_size", global_batch,
                       f"an integer of at least {len(speeds)}, one example "
                       f"for each of the {len(speeds)} workers")
-  return _largest_remainder(int(global_batch), speeds, minimum=1)
+  return largest_remainder(int(global_batch), speeds, minimum=1)
 
 
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
@@ -165,7 +165,7 @@ class WorkerStreams(Streams):
       raise ConfigError("workers", m, f"between 1 and {n}, the size of the "
                         "training set")
     self.batch_sizes = _check_batch_sizes(batch_sizes)
-    sizes = _largest_remainder(n, self.batch_sizes, minimum=1)
+    sizes = largest_remainder(n, self.batch_sizes, minimum=1)
     for worker, (b, size) in enumerate(zip(self.batch_sizes, sizes)):
       if b > size:
         raise ConfigError("batch_size", b, f"at most {size} for worker "

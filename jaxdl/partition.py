@@ -1,0 +1,112 @@
+"""How a synchronous step's global batch is split over its workers.
+
+Heterogeneous workers (the Choi seed's CPU and GPU workers) finish equal
+batches at different times, and a synchronous step waits for the last. A
+partition gives each worker a share of the global batch B:
+
+  static        fixed sizes (--batch-sizes, or B / M each);
+  proportional  the static sizes for a warm-up of `every` steps, then sizes
+                in proportion to each worker's throughput (samples per
+                second) measured over it, kept for the rest of the run;
+  adaptive      as proportional, then split again every `every` steps from
+                each worker's last `window` batches (a moving window, so
+                that a worker whose speed changes is followed).
+
+B is fixed: the sizes always sum to B, each at least one example, and an
+example's weight in the update is 1/B whatever worker computed it, so the
+update is the global batch's mean gradient however the batch is split.
+
+A `Partitioner` is host state: the engine that times the batches owns one
+and feeds it each step's batch times; the sizes it returns are recorded in
+the trace, so a run's partitions replay without the times that chose them.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import numbers
+from typing import Sequence
+
+import numpy as np
+
+from jaxdl.data.streams import largest_remainder
+from jaxdl.errors import ConfigError
+
+POLICIES = ("static", "proportional", "adaptive")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  kind: str = "static"
+  every: int = 20
+  """proportional: the warm-up's steps; adaptive: steps between splits."""
+  window: int = 20
+  """adaptive: each worker's batches in the moving window its throughput is measured over."""
+
+  def __post_init__(self):
+    if self.kind not in POLICIES:
+      raise ConfigError("partition", self.kind, "one of " + ", ".join(POLICIES))
+    for field, value in (("rebalance_every", self.every), ("rebalance_window", self.window)):
+      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(field, value, "an integer >= 1 (steps)" if field.endswith("every")
+                          else "an integer >= 1 (batches per worker)")
+
+
+def split(total: int, throughputs: Sequence[float]) -> tuple[int, ...]:
+  """`total` examples in proportion to the workers' throughputs, each at
+  least one (largest remainder: the sizes sum to `total` exactly)."""
+  throughputs = np.asarray(throughputs, np.float64)
+  if len(throughputs) > total:
+    raise ConfigError("batch_size", total, f"at least one example for each of the "
+                      f"{len(throughputs)} workers")
+  if not (np.all(np.isfinite(throughputs)) and np.all(throughputs > 0)):
+    raise ValueError(f"throughputs {throughputs.tolist()}: finite and > 0 for every worker")
+  return largest_remainder(int(total), throughputs, minimum=1)
+
+
+class Partitioner:
+  """The sizes in force (`sizes`) and what chooses the next: fed each step's
+  batch times (`observe`), it says when the policy splits B anew."""
+
+  def __init__(self, policy: Policy, sizes: Sequence[int]):
+    self.policy, self.sizes = policy, tuple(int(b) for b in sizes)
+    self.total = sum(self.sizes)
+    window = policy.every if policy.kind == "proportional" else policy.window
+    # per worker: (examples, seconds) of its most recent batches
+    self.recent = [collections.deque(maxlen=window) for _ in self.sizes]
+    self.observed = 0  # steps observed so far
+
+  def throughputs(self) -> np.ndarray:
+    """Each worker's examples per second over its recent batches."""
+    return np.asarray([sum(b for b, _ in r) / sum(t for _, t in r) for r in self.recent])
+
+  def observe(self, seconds: Sequence[float]) -> tuple[int, ...] | None:
+    """Records the step just taken: each worker's seconds for its batch of
+    `sizes`. The sizes of the steps from the next on if the policy splits B
+    again now (they become `sizes`), else None."""
+    if len(seconds) != len(self.sizes) or not all(t > 0 for t in seconds):
+      raise ValueError(f"batch seconds {list(seconds)}: one > 0 per worker")
+    for r, b, t in zip(self.recent, self.sizes, seconds):
+      r.append((b, float(t)))
+    self.observed += 1
+    kind, every = self.policy.kind, self.policy.every
+    due = (kind == "proportional" and self.observed == every) or (
+        kind == "adaptive" and self.observed % every == 0)
+    if not due:
+      return None
+    sizes = split(self.total, self.throughputs())
+    if sizes == self.sizes:
+      return None
+    self.sizes = sizes
+    return sizes
+
+
+def step_time(sizes: Sequence[int], throughputs: Sequence[float]) -> float:
+  """Seconds of a synchronous step's compute: its slowest worker's."""
+  return max(b / s for b, s in zip(sizes, throughputs))
+
+
+def ideal_step_time(total: int, throughputs: Sequence[float]) -> float:
+  """Seconds of a step whose B examples spread perfectly: the total work
+  over the total speed (no worker idle)."""
+  return total / float(np.sum(throughputs))
