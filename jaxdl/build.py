@@ -115,12 +115,13 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   validate(config)
   spec = resolve(config)[0]
   task = task or build_task(config)
+  sliced = config.cluster.partition != "static"  # the split of B changes during the run
   streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
-                                    task.name)
-  if len(set(streams.batch_sizes)) > 1 and not task.weighted:
+                                    task.name, sliced)
+  if (len(set(streams.batch_sizes)) > 1 or sliced) and not task.weighted:
     raise TaskError(task.name, "loss", "a weighted loss (Task(weighted=True), reading "
-                    f"batch['weight']) for unequal batch sizes {list(streams.batch_sizes)}: "
-                    "smaller batches are padded")
+                    f"batch['weight']) for unequal batch sizes {list(streams.batch_sizes)} "
+                    f"(--partition {config.cluster.partition}): smaller batches are padded")
   if (config.algorithm.sync_bn or config.algorithm.async_bn) and not task.batch_stats:
     flag = "sync_bn" if config.algorithm.sync_bn else "async_bn"
     raise ConfigError(flag, True, f"left unset: task {task.name!r} has no batch norm that "

@@ -107,6 +107,12 @@ class ClusterConfig:
   """Probability that a simulated iteration straggles."""
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
+  partition: str = "static"
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then in proportion to each worker's measured throughput, kept); adaptive (split again every --rebalance-every steps from each worker's last --rebalance-window batch times). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), over a dataset held in memory."""
+  rebalance_every: int = 5
+  """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
+  rebalance_window: int = 20
+  """--partition adaptive: each worker's most recent batches its throughput is measured over."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,8 +427,17 @@ def validate(config: RunConfig) -> RunConfig:
     cluster.parse_cluster(c["cluster"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
   batch_sizes(config)
+  policy(config)
   resolve(config)
   return config
+
+
+def policy(config: RunConfig):
+  """The run's partition policy (jaxdl.partition.Policy), checked."""
+  from jaxdl.partition import Policy
+
+  c = config.cluster
+  return Policy(c.partition, c.rebalance_every, c.rebalance_window)
 
 
 def resolve(config: RunConfig):
@@ -437,8 +452,8 @@ def resolve(config: RunConfig):
   engines = engines_for(spec.shape)
   if cfg.engine != "auto":
     engine = cfg.engine
-  elif config.output.dry_run and "sim" in engines:
-    engine = "sim"  # a dry run is a simulated schedule
+  elif (config.output.dry_run or config.cluster.partition != "static") and "sim" in engines:
+    engine = "sim"  # a dry run is a simulated schedule; so, for now, is a partition that changes
   else:
     engine = engines[0]
   if engine not in engines:
@@ -466,6 +481,15 @@ def resolve(config: RunConfig):
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
                           "(--engine sim), which a run on real devices does not have")
+  if config.cluster.partition != "static":
+    if spec.shape is not Collective:
+      raise ConfigError("partition", config.cluster.partition,
+                        f"static for {spec.name}: proportional and adaptive split a synchronous "
+                        "step's global batch (sgd, bsp, ar_sgd, local_sgd)")
+    if engine != "sim":
+      raise ConfigError("partition", config.cluster.partition,
+                        f"static with --engine {engine}: proportional and adaptive run on "
+                        "--engine sim")
   if config.distributed.pin_workers and engine != "ray" and not config.output.replay:
     # (a replay keeps the recorded ray run's config, this flag included)
     raise ConfigError("pin_workers", True, f"False with --engine {engine} (it places the ray "

@@ -22,6 +22,7 @@ the trace, so a run's partitions replay without the times that chose them.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import numbers
@@ -38,7 +39,7 @@ POLICIES = ("static", "proportional", "adaptive")
 @dataclasses.dataclass(frozen=True)
 class Policy:
   kind: str = "static"
-  every: int = 20
+  every: int = 5
   """proportional: the warm-up's steps; adaptive: steps between splits."""
   window: int = 20
   """adaptive: each worker's batches in the moving window its throughput is measured over."""
@@ -110,3 +111,30 @@ def ideal_step_time(total: int, throughputs: Sequence[float]) -> float:
   """Seconds of a step whose B examples spread perfectly: the total work
   over the total speed (no worker idle)."""
   return total / float(np.sum(throughputs))
+
+
+class Partitions:
+  """A run's partitions over its steps: the sizes from step 0 on, and each
+  change ("partition" events of its trace) from its step on."""
+
+  def __init__(self, sizes: Sequence[int], changes: Sequence[tuple[int, Sequence[int]]] = ()):
+    self.starts = [0] + [int(step) for step, _ in changes]
+    self.all = [tuple(int(b) for b in sizes)] + [tuple(int(b) for b in s) for _, s in changes]
+    if any(b < c for b, c in zip(self.starts[1:], self.starts)) or any(
+        sum(s) != sum(self.all[0]) or len(s) != len(self.all[0]) for s in self.all):
+      raise ValueError(f"partitions {list(zip(self.starts, self.all))}: in step order, each "
+                       f"of {len(self.all[0])} sizes summing to {sum(self.all[0])}")
+
+  @classmethod
+  def of(cls, sizes: Sequence[int], events) -> Partitions:
+    """The partitions a trace's events record, from `sizes` at step 0."""
+    return cls(sizes, [(e.iteration, e.sizes) for e in events if e.kind == "partition"])
+
+  def sizes(self, step: int) -> tuple[int, ...]:
+    """The workers' batch sizes at `step`."""
+    return self.all[bisect.bisect_right(self.starts, step) - 1]
+
+  @property
+  def capacity(self) -> int:
+    """The largest batch any worker takes in the run."""
+    return max(max(s) for s in self.all)

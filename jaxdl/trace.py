@@ -32,6 +32,9 @@ Event kinds, by the shape of the algorithm's communication
              parameters
   synchronous (bsp, ar_sgd, local_sgd):
     "step"   all workers take global step `iteration` together
+    "partition"  from global step `iteration` on, worker m's share of the
+             global batch is `sizes[m]` (--partition proportional or
+             adaptive: the sizes sum to B; jaxdl.partition)
 
 "wait" events (a worker idle, e.g. blocked by SSP's bound or at a barrier)
 carry no math and only feed the statistics; neither does a parameter
@@ -56,7 +59,7 @@ import json
 from typing import Iterable, Iterator, Sequence
 
 KINDS = ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step", "wait",
-         "restart")
+         "restart", "partition")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,15 +74,19 @@ class Event:
                          # also "local" and AD-PSGD's "pull": compute seconds
                          # (no math reads these); otherwise 0
   version: int = -1      # server version read ("pull") or produced ("apply")
+  sizes: tuple[int, ...] = ()  # "partition": each worker's batch size
 
   def to_json(self) -> str:
     return json.dumps({k: v for k in FIELDS if (v := getattr(self, k)) != -1
-                       and not (k == "duration" and v == 0.0)})
+                       and not (k == "duration" and v == 0.0) and v != ()})
 
   @staticmethod
   def from_json(line: str) -> Event:
     # to_json leaves out every -1, the worker of a "step" event included.
-    return Event(**{"worker": -1, **json.loads(line)})
+    fields = {"worker": -1, **json.loads(line)}
+    if "sizes" in fields:
+      fields["sizes"] = tuple(fields["sizes"])
+    return Event(**fields)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Event))

@@ -284,6 +284,24 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
   assert "False with --engine sim" in line
 
 
+@pytest.mark.parametrize("args, flag, says", [
+    (["--algorithm", "asp", "--partition", "adaptive"], "--partition",
+     "static for asp: proportional and adaptive split a synchronous step's global batch"),
+    (["--algorithm", "bsp", "--engine", "mesh", "--partition", "proportional"], "--partition",
+     "static with --engine mesh"),
+    (["--algorithm", "bsp", "--partition", "random"], "--partition",
+     "one of static, proportional, adaptive"),
+    (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-every", "0"],
+     "--rebalance-every", "an integer >= 1 (steps)"),
+    (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-window", "0"],
+     "--rebalance-window", "an integer >= 1 (batches per worker)"),
+])
+def test_a_partition_that_cannot_run_is_refused(tmp_path, capsys, args, flag, says):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--workers", "2", *args], flag, out)
+  assert says in line
+
+
 def test_more_ray_server_shards_than_the_model_splits_into_are_refused(tmp_path, capsys):
   out = tmp_path / "run"
   line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--engine", "ray",

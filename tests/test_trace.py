@@ -37,9 +37,11 @@ def test_write_and_read_a_schedule(tmp_path):
   assert list(read_trace(str(path))) == events
 
 
-def test_every_event_kind_is_known():
+def test_every_event_kind_is_known_and_documented():
+  import jaxdl.trace
   assert KINDS == ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step",
-                   "wait", "restart")
+                   "wait", "restart", "partition")
+  assert all(f'"{kind}"' in jaxdl.trace.__doc__ for kind in KINDS)
 
 
 def test_step_ends_counts_a_synchronous_step_as_m_iterations():

@@ -314,24 +314,31 @@ def decentralized(cost: CostModel, budget: Budget | int) -> Schedule:
 
 
 def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
-                period: int = 1) -> Schedule:
+                period: int = 1, partitioner=None) -> Schedule:
   """BSP ("ps"), AR-SGD ("allreduce") or local SGD ("local", every `period` steps).
 
   One "step" event per global step, and a "wait" event for each worker idle at
   a barrier: from the end of its compute until the last worker's gradient is
   at the server ("ps") or until the slowest worker finishes ("allreduce").
+
+  `partitioner` (jaxdl.partition.Partitioner): the global batch's split
+  changes during the run; a worker's compute time scales with its batch
+  size (the cost model's times are for the sizes at step 0), the
+  partitioner sees each step's times and a "partition" event records each
+  new split, before the first step that uses it.
   """
   _check_iterations(iterations)
   _check("sync_mode", mode, mode in SYNC_MODES, "one of " + ", ".join(SYNC_MODES))
   _check("communication_period", period, isinstance(period, numbers.Integral) and period >= 1,
          "an integer >= 1 (local steps between averagings)")
+  times = _partitioned(cost, partitioner)
   if mode == "ps":
-    return _bsp(cost, iterations)
+    return _bsp(cost, iterations, times)
   m, clock, events = cost.num_workers, [0.0] * cost.num_workers, []
   ring, rounds = cost.ring_allreduce_time(), 0
   period = period if mode == "local" else 1
   for g in range(iterations):
-    clock = [t + cost.compute_time(w, g) for w, t in enumerate(clock)]
+    clock = [t + s for t, s in zip(clock, times(g, max(clock), events))]
     if (g + 1) % period:  # local SGD between averagings: no barrier
       events.append(Event(max(clock), "step", -1, iteration=g))
       continue
@@ -344,12 +351,32 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
   return Schedule(events, rounds * 2 * (m - 1) * cost.model_bytes, (0.0,) * m)
 
 
-def _bsp(cost: CostModel, iterations: int) -> Schedule:
+def _partitioned(cost: CostModel, partitioner) -> Callable:
+  """`times(g, now, events)`: each worker's compute seconds at step g. With
+  a partitioner, the times of step g - 1 went to it first, and a new split
+  it made is recorded in `events` at time `now`, for step g on."""
+  m = cost.num_workers
+  if partitioner is None:
+    return lambda g, now, events: [cost.compute_time(w, g) for w in range(m)]
+  initial, last = partitioner.sizes, []
+
+  def times(g, now, events):
+    if last:
+      sizes = partitioner.observe(last)
+      if sizes is not None:
+        events.append(Event(now, "partition", -1, iteration=g, sizes=sizes))
+    last[:] = [cost.compute_time(w, g) * b / b0
+               for w, (b, b0) in enumerate(zip(partitioner.sizes, initial))]
+    return list(last)
+  return times
+
+
+def _bsp(cost: CostModel, iterations: int, times: Callable) -> Schedule:
   """BSP at a parameter server: push when done, apply when all are in, pull."""
   m, net, events = cost.num_workers, Network(cost), []
   ready = [0.0] * m  # replicas start equal: no pull before the first step
   for g in range(iterations):
-    done = [ready[w] + cost.compute_time(w, g) for w in range(m)]
+    done = [r + t for r, t in zip(ready, times(g, max(ready), events))]
     # Pushes reach the shared links in the order the workers finish.
     barrier = max(net.push(w, done[w]) for w in sorted(range(m), key=lambda w: (done[w], w)))
     events.extend(Event(barrier, "wait", w, iteration=g, duration=barrier - t)

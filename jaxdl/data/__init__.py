@@ -9,7 +9,8 @@ from jaxdl.data import sources
 from jaxdl.data.base import Dataset, Split
 from jaxdl.data.fields import ArrayFields, FunctionData, ImageFields, IterableData
 from jaxdl.data.text import CORPORA, TextDataset, load_text
-from jaxdl.data.streams import Streams, WorkerStreams, make_streams, partition_batch
+from jaxdl.data.streams import (SlicedStreams, Streams, WorkerStreams, make_streams,
+                                partition_batch)
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 

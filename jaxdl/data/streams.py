@@ -88,6 +88,15 @@ class Streams:
   def epoch_of(self, step: int) -> int:
     return step // self.steps_per_epoch
 
+  def size(self, worker: int, step: int) -> int:
+    """`worker`'s batch size at `step`."""
+    return self.batch_sizes[worker]
+
+  @property
+  def capacity(self) -> int:
+    """The largest batch of any worker at any step: what stacked batches are padded to."""
+    return max(self.batch_sizes)
+
   def batch(self, worker: int, step: int) -> Fields:
     """The fields of `worker`'s batch at its `step`; depends on nothing else."""
     raise NotImplementedError
@@ -122,11 +131,18 @@ class Streams:
 
   @functools.cached_property
   def _weights(self) -> np.ndarray:
-    b_max, total = max(self.batch_sizes), sum(self.batch_sizes)
-    weights = np.stack([np.where(np.arange(b_max) < b, 1.0 / total, 0.0)
-                        for b in self.batch_sizes]).astype(np.float32)
+    weights = np.stack([self._row(b) for b in self.batch_sizes])
     weights.flags.writeable = False
     return weights
+
+  def _row(self, b: int) -> np.ndarray:
+    """A batch of b examples' weights, padded to `capacity` (read-only)."""
+    rows = self.__dict__.setdefault("_rows", {})
+    if b not in rows:
+      rows[b] = np.where(np.arange(self.capacity) < b, 1.0 / sum(self.batch_sizes),
+                         0.0).astype(np.float32)
+      rows[b].flags.writeable = False
+    return rows[b]
 
   def stacked_batches(self, pairs: Sequence[tuple[int, int]]
                       ) -> tuple[Fields, np.ndarray, np.ndarray]:
@@ -134,15 +150,15 @@ class Streams:
     batch size and stacked: fields (N, b_max, ...), weights (N, b_max), 1/B
     for real examples (B = sum of all batch sizes) and 0 for padding, and
     ids (N, 2), each batch's (worker, step)."""
-    b_max, all_weights = max(self.batch_sizes), self.weights()
+    b_max = self.capacity
     fields, weights = [], []
     for worker, step in pairs:
-      b, batch = self.batch_sizes[worker], self.batch(worker, step)
+      b, batch = self.size(worker, step), self.batch(worker, step)
       if b < b_max:  # np.pad copies even when there is nothing to pad
         batch = {k: np.pad(v, [(0, b_max - b)] + [(0, 0)] * (v.ndim - 1))
                  for k, v in batch.items()}
       fields.append(batch)
-      weights.append(all_weights[worker])
+      weights.append(self._row(b))
     stacked = {k: np.stack([f[k] for f in fields]) for k in fields[0]}
     return stacked, np.stack(weights), np.asarray(pairs, np.int32).reshape(-1, 2)
 
@@ -191,6 +207,56 @@ class WorkerStreams(Streams):
       self._cache[worker] = cached
     b = self.batch_sizes[worker]
     return cached[1][within * b:(within + 1) * b]
+
+  def batch(self, worker: int, step: int) -> Fields:
+    return self.split.gather(self.indices(worker, step))
+
+
+class SlicedStreams(Streams):
+  """Training batches for M workers whose shares of the global batch B may
+  change between steps (--partition proportional or adaptive): the training
+  set is permuted each epoch with `default_rng([seed, epoch])`, step s of the
+  epoch takes its rows s * B, ..., (s + 1) * B - 1, and worker m takes its
+  slice of them, in worker order, by the partition at step s
+  (jaxdl.partition.Partitions). However B is split, a step's examples are
+  those of one worker with batch B, the split only decides who computes
+  which."""
+
+  def __init__(self, split, partitions, seed: int, task: str = "custom"):
+    self.split, self.seed, self.task = split, seed, task
+    self.in_memory = bool(getattr(split, "in_memory", False))
+    self.partitions = partitions
+    self.batch_sizes = _check_batch_sizes(partitions.sizes(0))
+    n, total = len(split), sum(self.batch_sizes)
+    if total > n:
+      raise ConfigError("batch_size", total, f"a global batch of at most {n} examples, the "
+                        "size of the training set")
+    self.steps_per_epoch = n // total
+    self._cache: tuple[int, np.ndarray] | None = None  # (epoch, its permutation)
+
+  def repartition(self, partitions) -> None:
+    """The run's partitions, as its schedule or trace has them (same sizes at step 0)."""
+    if partitions.sizes(0) != self.batch_sizes:
+      raise ValueError(f"partitions from {partitions.sizes(0)}, not {self.batch_sizes}")
+    self.partitions = partitions
+    self.__dict__.pop("_rows", None)  # padded to the old capacity
+
+  def size(self, worker: int, step: int) -> int:
+    return self.partitions.sizes(step)[worker]
+
+  @property
+  def capacity(self) -> int:
+    return self.partitions.capacity
+
+  def indices(self, worker: int, step: int) -> np.ndarray:
+    """Training-set indices of `worker`'s batch at `step`."""
+    self._check_position(worker, step)
+    epoch, within = divmod(step, self.steps_per_epoch)
+    if self._cache is None or self._cache[0] != epoch:
+      self._cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.split)))
+    sizes = self.partitions.sizes(step)
+    lo = within * sum(sizes) + sum(sizes[:worker])
+    return self._cache[1][lo:lo + sizes[worker]]
 
   def batch(self, worker: int, step: int) -> Fields:
     return self.split.gather(self.indices(worker, step))
@@ -271,11 +337,21 @@ class IterableStreams(Streams):
 
 
 def make_streams(data: Any, batch_sizes: Sequence[int], seed: int,
-                 task: str = "custom") -> Streams:
-  """The streams of a task's training data (jaxdl.data.fields.to_data)."""
+                 task: str = "custom", sliced: bool = False) -> Streams:
+  """The streams of a task's training data (jaxdl.data.fields.to_data);
+  `sliced`: a split of the global batch that may change (SlicedStreams,
+  `batch_sizes` at step 0)."""
+  from jaxdl.partition import Partitions
+
   if data is None:
     raise TaskError(task, "train data", "a dict of arrays, a FunctionData or an IterableData; "
                     "the task has none")
+  if sliced:
+    if isinstance(data, (FunctionData, IterableData)):
+      raise TaskError(task, "train data", "arrays held in memory for --partition "
+                      "proportional or adaptive (its batches are slices of one global "
+                      f"batch, taken by index), not a {type(data).__name__}")
+    return SlicedStreams(data, Partitions(batch_sizes), seed, task)
   if isinstance(data, FunctionData):
     return FunctionStreams(data, batch_sizes, seed, task)
   if isinstance(data, IterableData):

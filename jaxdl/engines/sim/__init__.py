@@ -27,7 +27,8 @@ from jaxdl import cluster, trace
 from jaxdl.algorithms import (SHAPES, Centralized, Collective, Decentralized, Elastic, Gossip,
                               Problem, Shape)
 from jaxdl.algorithms.shapes import has_server
-from jaxdl.data import Streams
+from jaxdl.config import policy
+from jaxdl.data import SlicedStreams, Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import EventReplay, initial_state
 from jaxdl.engines.sim import plan as planning
@@ -35,6 +36,7 @@ from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import handlers
 from jaxdl.engines.sim.runner import OpRunner, choose_batching, metric_names, trace_gradient
 from jaxdl.errors import ConfigError
+from jaxdl.partition import Partitioner, Partitions
 
 
 class SimState(NamedTuple):
@@ -91,12 +93,14 @@ def measured_costs(config, mean_batch: float) -> dict[str, float]:
 
 
 def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
-                  batch_sizes) -> cluster.Schedule:
+                  batch_sizes, partitioner=None) -> cluster.Schedule:
   """The cluster's schedule of `total_steps` steps for the algorithm's shape
-  and declared policy: synchronous steps, or an asynchronous run's budget of
-  `total_steps` global batches of samples (jaxdl.trace: what a step is)."""
+  and declared policy: synchronous steps (their global batch split anew by
+  `partitioner`, if any), or an asynchronous run's budget of `total_steps`
+  global batches of samples (jaxdl.trace: what a step is)."""
   if isinstance(algorithm, Collective):
-    return cluster.synchronous(cost, total_steps, algorithm.sync, algorithm.period)
+    return cluster.synchronous(cost, total_steps, algorithm.sync, algorithm.period,
+                               partitioner)
   budget = cluster.Budget(total_steps * sum(batch_sizes), tuple(batch_sizes))
   if isinstance(algorithm, Centralized):
     return cluster.centralized(cost, budget, algorithm.staleness_bound)
@@ -110,7 +114,7 @@ def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
 
 
 # The event kinds that can drive each shape's math (jaxdl.trace).
-REPLAY_KINDS = ((Collective, ("step", "wait")),
+REPLAY_KINDS = ((Collective, ("step", "wait", "partition")),
                 (Centralized, ("pull", "apply", "wait", "restart")),
                 (Elastic, ("local", "exchange", "wait", "restart")),
                 (Gossip, ("local", "send", "gossip", "wait", "restart")),
@@ -176,8 +180,12 @@ class SimEngine(base.LocalProcess):
       self.bytes_total = None
     else:
       self.cost = cost_model(config, problem, streams)
-      schedule = make_schedule(algorithm, self.cost, total_steps, streams.batch_sizes)
+      partitioner = None if config.cluster.partition == "static" else Partitioner(
+          policy(config), streams.batch_sizes)
+      schedule = make_schedule(algorithm, self.cost, total_steps, streams.batch_sizes,
+                               partitioner)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
+    self._repartition(config, streams)
     self.step_ends = trace.step_ends(self.events, streams.batch_sizes)
     if len(self.step_ends) < total_steps:
       raise ConfigError("replay", config.output.replay,
@@ -207,13 +215,26 @@ class SimEngine(base.LocalProcess):
       self.batching, self.runner = batching, EventReplay(algorithm, streams, config.cluster.servers)
       return
     if batching == "auto":
-      batching = choose_batching(problem, streams.example, max(streams.batch_sizes))
+      batching = choose_batching(problem, streams.example, streams.capacity)
     self.batching = batching
     longest, batch_ops = planning.plan_sizes(self.events, self.step_ends[:total_steps],
                                              self.num_workers, batching == "loop", self.slots)
     batches = DeviceBatches(streams, batch_ops)
-    self.runner = OpRunner(handlers(algorithm, streams.weights()), batching, longest, batches,
+    self.runner = OpRunner(handlers(algorithm, self.num_workers, sum(streams.batch_sizes),
+                                    batches.pad), batching, longest, batches,
                            self.metric_names)
+
+  def _repartition(self, config, streams: Streams) -> None:
+    """Gives the streams the partitions the events record (--partition
+    proportional or adaptive: SlicedStreams)."""
+    partitions = Partitions.of(streams.batch_sizes, self.events)
+    if isinstance(streams, SlicedStreams):
+      streams.repartition(partitions)
+    elif len(partitions.all) > 1:
+      raise ConfigError("replay", config.output.replay,
+                        f"a trace without \"partition\" events for --partition "
+                        f"{config.cluster.partition} (replay a run that split its global "
+                        "batch anew with that run's --partition)")
 
   def init(self, key: jax.Array) -> SimState:
     m, algorithm = self.num_workers, self.algorithm

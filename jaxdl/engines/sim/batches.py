@@ -20,7 +20,7 @@ class DeviceBatches:
   """Batches by index: rows of a device-resident split, or of a step's table."""
 
   def __init__(self, streams: Streams, capacity: int):
-    self.streams, self.b_max = streams, max(streams.batch_sizes)
+    self.streams, self.b_max = streams, streams.capacity
     self.num_workers = streams.num_workers
     example = streams.example
     self.resident = False
@@ -36,6 +36,7 @@ class DeviceBatches:
     else:
       self.rows = self.num_workers * self.b_max
       self.size = capacity * self.rows + 1
+      self.pad = self.size - 1  # a zero row
       self.example = example
 
   def start(self) -> None:
@@ -58,7 +59,7 @@ class DeviceBatches:
   def _gathered(self, pairs) -> np.ndarray:
     base = self.used * self.rows
     self.used += 1
-    out = np.full((self.num_workers, self.b_max), self.size - 1, np.int32)
+    out = np.full((self.num_workers, self.b_max), self.pad, np.int32)
     for v, pair in enumerate(pairs):
       if pair is not None:
         fields = self.streams.batch(*pair)

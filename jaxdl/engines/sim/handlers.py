@@ -45,20 +45,24 @@ def _rows(data, index):
   return jax.tree.map(lambda x: x[index], data)
 
 
-def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
-  """Each op kind's handler (see the module's docstring)."""
-  weights_MxB = jnp.asarray(weights)
+def handlers(algorithm: Shape, num_workers: int, global_batch: int,
+             pad: int) -> dict[str, Callable]:
+  """Each op kind's handler (see the module's docstring). An example's
+  weight is 1/B (`global_batch`), a padding row's (index `pad`) 0: batches
+  of any size, whatever the partition of B at their step."""
+  weight = np.float32(1.0 / global_batch)
+  weights_of = lambda index: jnp.where(index == pad, jnp.float32(0.0), weight)
   add = lambda sums, values, count: ({k: v + values[k] for k, v in sums[0].items()},
                                      sums[1] + count)
   out = {"noop": lambda server, workers, sums, op, data: (server, workers, sums)}
   if isinstance(algorithm, Collective):  # all workers vmapped on this device
-    m = weights.shape[0]
+    m = num_workers
     axis = WorkerAxis(size=m, local="workers", local_size=m)
     step = jax.vmap(lambda worker, batch, t: algorithm.step(worker, batch, t, axis),
                     in_axes=(0, 0, None), axis_name="workers")
 
     def step_fn(server, workers, sums, op, data):
-      batch = Batch(_rows(data, op.index), weights_MxB, op.ids)
+      batch = Batch(_rows(data, op.index), weights_of(op.index), op.ids)
       workers, metrics = step(workers, batch, op.iteration)
       return server, workers, add(sums, {k: jnp.sum(v) for k, v in metrics.items()}, 1.0)
     out["step"] = step_fn
@@ -70,9 +74,11 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     fn = jax.vmap(fn)
 
     def run(server, workers, sums, op, data):
-      new, metrics = fn(workers, Batch(_rows(data, op.index), weights_MxB, op.ids))
+      weights = weights_of(op.index)
+      new, metrics = fn(workers, Batch(_rows(data, op.index), weights, op.ids))
       keep = lambda n, o: jnp.where(op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
-      share = weights_MxB.sum(axis=1)  # metric shares -> each worker's own means
+      share = weights.sum(axis=1)  # metric shares -> each worker's own means
+      share = jnp.where(op.mask, share, 1.0)  # a worker not computing: no batch
       means = {k: jnp.sum(v / share * op.mask) for k, v in metrics.items()}
       return server, jax.tree.map(keep, new, workers), add(
           sums, means, jnp.sum(op.mask, dtype=jnp.float32))
@@ -82,8 +88,9 @@ def handlers(algorithm: Shape, weights: np.ndarray) -> dict[str, Callable]:
     def run(server, workers, sums, op, data):
       m, index = op.worker, op.index[op.worker]
       taken = _take(workers, m)
-      new, metrics = fn(taken, Batch(_rows(data, index), weights_MxB[m], op.ids[m]))
-      share = weights_MxB[m].sum()
+      weights = weights_of(index)
+      new, metrics = fn(taken, Batch(_rows(data, index), weights, op.ids[m]))
+      share = weights.sum()
       means = {k: v / share for k, v in metrics.items()}
       return server, _put(workers, m, new, taken), add(sums, means, 1.0)
     return run
