@@ -108,7 +108,7 @@ class ClusterConfig:
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
-  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then in proportion to each worker's measured throughput, kept); adaptive (split again every --rebalance-every steps from each worker's last --rebalance-window batch times). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), over a dataset held in memory."""
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then in proportion to each worker's measured throughput, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), over a dataset held in memory."""
   rebalance_every: int = 5
   """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
   rebalance_window: int = 20

@@ -3,8 +3,10 @@
 
 A variant's name is the algorithm's, then ``_<symbol><value>`` for each
 setting given, by the setting's paper symbol (`jaxdl.settings.setting`) or
-else its field name, and ``_abn`` for Async-BN. A run directory is named by
-the settings with a symbol (the ones comparisons vary).
+else its field name, ``_abn`` for Async-BN, and ``_proportional`` or
+``_adaptive`` for a --partition other than static (``bsp_adaptive``). A
+run directory is named by the settings with a symbol (the ones comparisons
+vary).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from jaxdl.errors import ConfigError
 from jaxdl.settings import field_types, symbol
 
 ASYNC_BN = "abn"  # the suffix of a variant with --async-bn
+PARTITIONS = ("proportional", "adaptive")  # suffixes of --partition (static: none)
 
 
 def _spec(algorithm: str):
@@ -31,6 +34,8 @@ def part(algorithm: str, field: str, value: Any) -> str:
   """One setting's part of a variant name."""
   if field == "async_bn":
     return ASYNC_BN
+  if field == "partition":
+    return value
   from jaxdl.algorithms import ALGORITHMS
   sym = symbol(ALGORITHMS.get(algorithm).settings, field) if algorithm in ALGORITHMS else None
   return f"{sym or field}{_number(value)}"
@@ -39,7 +44,7 @@ def part(algorithm: str, field: str, value: Any) -> str:
 def label(algorithm: str, settings: tuple[tuple[str, Any], ...]) -> str:
   """The variant name of `algorithm` with `settings` (flat field -> value)."""
   return "_".join([algorithm] + [part(algorithm, k, v) for k, v in settings
-                                 if v is not False and v is not None])
+                                 if v is not False and v is not None and v != "static"])
 
 
 def config_label(config: dict) -> str:
@@ -52,6 +57,7 @@ def config_label(config: dict) -> str:
     settings = [(f.name, config.get(f.name, f.default)) for f in dataclasses.fields(cls)
                 if symbol(cls, f.name)]
   settings.append(("async_bn", bool(config.get("async_bn"))))
+  settings.append(("partition", config.get("partition", "static")))
   return label(algorithm, tuple(settings))
 
 
@@ -71,6 +77,9 @@ def parse(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
       if piece == ASYNC_BN:
         settings.append(("async_bn", True))
         continue
+      if piece in PARTITIONS:
+        settings.append(("partition", piece))
+        continue
       match = re.fullmatch(r"([a-z]+)(-?\d+(?:\.\d*)?(?:e-?\d+)?)", piece)
       if not match or match.group(1) not in by_symbol:
         break
@@ -83,5 +92,5 @@ def parse(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
   symbols = sorted({symbol(ALGORITHMS.get(n).settings, f.name) or f.name
                     for n in ALGORITHMS for f in dataclasses.fields(ALGORITHMS.get(n).settings)})
   raise ConfigError("algorithms", text, "ALGORITHM, ALGORITHM_<setting><number> (settings: "
-                    f"{', '.join(symbols)}) or ALGORITHM_{ASYNC_BN}; algorithms: "
-                    f"{', '.join(ALGORITHMS)}")
+                    f"{', '.join(symbols)}), ALGORITHM_{ASYNC_BN} or ALGORITHM_"
+                    f"{'|'.join(PARTITIONS)}; algorithms: {', '.join(ALGORITHMS)}")

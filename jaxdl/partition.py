@@ -8,9 +8,10 @@ partition gives each worker a share of the global batch B:
   proportional  the static sizes for a warm-up of `every` steps, then sizes
                 in proportion to each worker's throughput (samples per
                 second) measured over it, kept for the rest of the run;
-  adaptive      as proportional, then split again every `every` steps from
-                each worker's last `window` batches (a moving window, so
-                that a worker whose speed changes is followed).
+  adaptive      split after the first step from its batch times, then
+                again every `every` steps from each worker's last `window`
+                batches (a moving window, so that a worker whose speed
+                changes is followed).
 
 B is fixed: the sizes always sum to B, each at least one example, and an
 example's weight in the update is 1/B whatever worker computed it, so the
@@ -92,7 +93,7 @@ class Partitioner:
     self.observed += 1
     kind, every = self.policy.kind, self.policy.every
     due = (kind == "proportional" and self.observed == every) or (
-        kind == "adaptive" and self.observed % every == 0)
+        kind == "adaptive" and (self.observed == 1 or self.observed % every == 0))
     if not due:
       return None
     sizes = split(self.total, self.throughputs())

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 # The figures `write_all` draws, in its order.
 PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
+BATCH_TIMES = "batch_times.png"  # drawn where cells recorded their workers' batch times
 Report = Any  # a jaxdl.report.Report: its cells, networks and baseline
 Figure = Any  # a matplotlib Figure
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
@@ -172,6 +173,26 @@ def speedup_against_workers(report: Report) -> Figure:
   return fig
 
 
+def batch_times(report: Report) -> Figure:
+  """Each worker's batch-time histogram, one panel per cell that recorded
+  them (the Choi seed's per-worker distributions)."""
+  plt = _pyplot()
+  cells = report.heterogeneous(report.main)
+  fig, axes = plt.subplots(len(cells), 1, figsize=(6, 2.2 * len(cells)), squeeze=False)
+  for ax, c in zip(axes[:, 0], cells):
+    histogram = c.summary["batch_seconds_histogram"]
+    edges = histogram["edges"]
+    for m, counts in enumerate(histogram["counts"]):
+      ax.stairs(counts, edges, label=f"worker {m}", fill=False, linewidth=1.5)
+    idle = 100 * c.summary["idle_fraction"]
+    ax.set_title(f"{c.variant} ×{c.workers}: idle {idle:.1f}% of worker time", fontsize=9)
+    ax.set_ylabel("batches")
+    ax.grid(alpha=0.3)
+  axes[-1, 0].set_xlabel("seconds per batch")
+  _legend(fig, [axes[0, 0]])
+  return fig
+
+
 def _save(fig, path: Path) -> Path:
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")  # "tight": the legend outside included
@@ -185,5 +206,9 @@ FIGURES: dict[str, Callable[[Report], Figure]] = dict(zip(PLOTS, (
 
 
 def write_all(report: Report, directory: Path) -> list[Path]:
-  """Draws every figure of PLOTS into `directory`; returns their paths."""
-  return [_save(draw(report), directory / name) for name, draw in FIGURES.items()]
+  """Draws every figure of PLOTS into `directory` (and the batch-time
+  histograms, where cells recorded them); returns their paths."""
+  written = [_save(draw(report), directory / name) for name, draw in FIGURES.items()]
+  if report.main is not None and report.heterogeneous(report.main):
+    written.append(_save(batch_times(report), directory / BATCH_TIMES))
+  return written

@@ -358,6 +358,30 @@ class Report:
       rows.append(row)
     return _markdown(header, rows)
 
+  def heterogeneous(self, network: str) -> list[CellResult]:
+    """The cells whose workers' batch times were recorded (synchronous
+    runs on the sim engine: each worker's per-batch distribution)."""
+    return [c for c in self.train if c.network == network and not c.diverged
+            and c.summary.get("batch_seconds_histogram")]
+
+  def partition_table(self, network: str) -> str:
+    """Time per epoch, idle fraction and each worker's batch seconds of the
+    cells with recorded batch times (the Choi seed's comparison of
+    partitions)."""
+    rows = []
+    for c in self.heterogeneous(network):
+      s = c.summary
+      epochs = s.get("epochs")
+      per_epoch = c.time_s / epochs if c.time_s and epochs else None
+      batches = " / ".join(f"{m:.3g} ± {d:.2g}" for m, d in zip(
+          s["batch_seconds_per_worker"], s["batch_seconds_std"]))
+      rows.append([f"{c.variant} ×{c.workers}", str(s.get("batch_sizes")),
+                   _fmt(per_epoch, ".4g"), _fmt(100 * s["idle_fraction"], ".1f"), batches,
+                   _fmt(c.score)])
+    return _markdown(["cell", "batch sizes at step 0", "time per epoch (s)",
+                      "idle (% of worker time)", "batch seconds per worker (mean ± std)",
+                      self.label], rows)
+
   def staleness_notes(self, network: str) -> str:
     """What the staleness column counts, and the SSP cells whose bound never
     bound: no worker waited on it, or the parameters equal asp's bit for bit."""
@@ -404,6 +428,9 @@ class Report:
                   self.bn_error_table(net)]
       parts += [f"### Speedup, time to target, waiting, staleness, bytes{where}",
                 self.scaling_table(net)]
+      if self.heterogeneous(net):
+        parts += [f"### Partitions of the global batch: time per epoch, idle workers{where} "
+                  "(the Choi seed's comparison)", self.partition_table(net)]
       notes = self.staleness_notes(net)
       parts += [notes] if notes else []
     diverged = [c for c in self.train + self.timing if c.diverged]

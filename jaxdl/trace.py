@@ -58,6 +58,8 @@ import dataclasses
 import json
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
+
 KINDS = ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step", "wait",
          "restart", "partition")
 
@@ -172,6 +174,27 @@ def summarize(events: Sequence[Event], num_workers: int,
       "staleness_histogram": dict(sorted(staleness.items())),
       "wait_s": wait,
       "wait_total_s": sum(wait),
+      # the workers' time idle (waiting), over all their time
+      "idle_fraction": sum(wait) / (num_workers * time) if time > 0 else 0.0,
       "queued_s": list(getattr(events, "queued_s", ())),
       "bytes_total": bytes_total,
+  }
+
+
+def batch_time_figures(seconds: Sequence[Sequence[float]], bins: int = 20) -> dict:
+  """Each worker's batch times (`seconds[m]`, one per batch) as summary
+  figures: mean, standard deviation, 5th and 95th percentiles, and a
+  histogram over edges common to all workers."""
+  if not seconds or not all(len(s) for s in seconds):
+    return {}
+  lo, hi = min(min(s) for s in seconds), max(max(s) for s in seconds)
+  edges = np.linspace(lo, hi, bins + 1) if hi > lo else np.asarray([lo, lo + 1.0])
+  return {
+      "batch_seconds_per_worker": [float(np.mean(s)) for s in seconds],
+      "batch_seconds_std": [float(np.std(s)) for s in seconds],
+      "batch_seconds_p05": [float(np.percentile(s, 5)) for s in seconds],
+      "batch_seconds_p95": [float(np.percentile(s, 95)) for s in seconds],
+      "batch_seconds_histogram": {"edges": edges.tolist(),
+                                  "counts": [np.histogram(s, edges)[0].tolist()
+                                             for s in seconds]},
   }

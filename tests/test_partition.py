@@ -153,8 +153,9 @@ def test_the_trace_records_each_split_and_a_replay_follows_it(tmp_path):
                           out=str(tmp_path / "run"), **HETEROGENEOUS)
   run = jaxdl.run(config)
   splits = [e for e in read_trace(tmp_path / "run" / "trace.jsonl") if e.kind == "partition"]
-  assert splits and all(sum(e.sizes) == 96 and e.iteration % 5 == 0 for e in splits)
-  assert splits[0].sizes[0] < 20 < min(splits[0].sizes[1:])  # the slow worker's share shrinks
+  assert splits[0].iteration == 1  # adaptive: after the first step, then every 5
+  assert all(sum(e.sizes) == 96 and e.iteration % 5 == 0 for e in splits[1:])
+  assert splits[-1].sizes[0] < 20 < min(splits[-1].sizes[1:])  # the slow worker: a smaller share
   replay = jaxdl.run(config.replace(jitter=0.0, out=str(tmp_path / "replay"),
                                     replay=str(tmp_path / "run" / "trace.jsonl")))
   assert replay["params_fingerprint"] == run["params_fingerprint"]
@@ -178,3 +179,30 @@ def test_adaptive_steps_stay_near_the_ideal_where_equal_batches_take_twice_it(tm
           for p in ("static", "proportional", "adaptive")}
   assert time["static"] > 2 * ideal
   assert time["adaptive"] < 1.15 * ideal and time["proportional"] < 1.15 * ideal
+
+
+def test_a_compare_grid_of_partitions_reports_idle_workers_and_batch_times(tmp_path):
+  """`jaxdl compare` over ar_sgd and ar_sgd_adaptive: the report's partition
+  table (idle share, time per epoch) and the per-worker batch-time histograms."""
+  import json
+
+  from jaxdl.cli import main
+
+  out = tmp_path / "grid"
+  assert main(["compare", "--algorithms", "ar_sgd", "ar_sgd_adaptive", "--workers", "3",
+               "--batch-sizes", "32", "32", "32", "--worker-speeds", "1", "3", "3",
+               "--compute-time", "1.9", "--jitter", "0.15", "--model", "mlp", "--steps", "40",
+               "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
+  summary = {p: json.loads((out / p / "summary.json").read_text())
+             for p in ("ar_sgd-m3", "ar_sgd_adaptive-m3")}
+  static, adaptive = summary["ar_sgd-m3"], summary["ar_sgd_adaptive-m3"]
+  assert static["idle_fraction"] > 0.4 > 0.2 > adaptive["idle_fraction"]
+  assert static["simulated_time_s"] > 1.8 * adaptive["simulated_time_s"]
+  # the slow worker's batches take 3 times the others' under equal batches
+  slow, fast = static["batch_seconds_per_worker"][0], static["batch_seconds_per_worker"][1]
+  assert 2.5 < slow / fast < 3.5
+  counts = static["batch_seconds_histogram"]["counts"]
+  assert [sum(c) for c in counts] == [40, 40, 40]
+  report = (out / "report.md").read_text()
+  assert "### Partitions of the global batch" in report and "| ar_sgd_adaptive ×3 |" in report
+  assert (out / "batch_times.png").stat().st_size > 0

@@ -32,10 +32,12 @@ class Schedule(list):
   """A list of events, plus the traffic that produced them."""
 
   def __init__(self, events: Iterable[Event] = (), bytes_total: float = 0.0,
-               queued_s: Sequence[float] = ()):
+               queued_s: Sequence[float] = (), batch_seconds: Sequence[Sequence[float]] = ()):
     super().__init__(events)
     self.bytes_total = float(bytes_total)  # bytes sent over all links
     self.queued_s = tuple(queued_s)        # per worker: seconds queued for busy links
+    # per worker: each synchronous step's compute seconds (others: none kept)
+    self.batch_seconds = tuple(tuple(t) for t in batch_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,11 +336,12 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
   times = _partitioned(cost, partitioner)
   if mode == "ps":
     return _bsp(cost, iterations, times)
-  m, clock, events = cost.num_workers, [0.0] * cost.num_workers, []
+  m, clock, events, seconds = cost.num_workers, [0.0] * cost.num_workers, [], []
   ring, rounds = cost.ring_allreduce_time(), 0
   period = period if mode == "local" else 1
   for g in range(iterations):
-    clock = [t + s for t, s in zip(clock, times(g, max(clock), events))]
+    seconds.append(times(g, max(clock), events))
+    clock = [t + s for t, s in zip(clock, seconds[-1])]
     if (g + 1) % period:  # local SGD between averagings: no barrier
       events.append(Event(max(clock), "step", -1, iteration=g))
       continue
@@ -348,7 +351,8 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
     clock, rounds = [barrier + ring] * m, rounds + 1
     events.append(Event(barrier + ring, "step", -1, iteration=g))
   # Ring all-reduce: each worker sends 2(M-1)/M of the model per round.
-  return Schedule(events, rounds * 2 * (m - 1) * cost.model_bytes, (0.0,) * m)
+  return Schedule(events, rounds * 2 * (m - 1) * cost.model_bytes, (0.0,) * m,
+                  list(zip(*seconds)))
 
 
 def _partitioned(cost: CostModel, partitioner) -> Callable:
@@ -373,10 +377,11 @@ def _partitioned(cost: CostModel, partitioner) -> Callable:
 
 def _bsp(cost: CostModel, iterations: int, times: Callable) -> Schedule:
   """BSP at a parameter server: push when done, apply when all are in, pull."""
-  m, net, events = cost.num_workers, Network(cost), []
+  m, net, events, seconds = cost.num_workers, Network(cost), [], []
   ready = [0.0] * m  # replicas start equal: no pull before the first step
   for g in range(iterations):
-    done = [r + t for r, t in zip(ready, times(g, max(ready), events))]
+    seconds.append(times(g, max(ready), events))
+    done = [r + t for r, t in zip(ready, seconds[-1])]
     # Pushes reach the shared links in the order the workers finish.
     barrier = max(net.push(w, done[w]) for w in sorted(range(m), key=lambda w: (done[w], w)))
     events.extend(Event(barrier, "wait", w, iteration=g, duration=barrier - t)
@@ -385,4 +390,4 @@ def _bsp(cost: CostModel, iterations: int, times: Callable) -> Schedule:
     if g + 1 < iterations:  # rotate who is served first, so no worker is favoured
       for j in range(m):
         ready[(g + j) % m] = net.pull((g + j) % m, barrier)
-  return Schedule(events, net.bytes_total, net.queued_s)
+  return Schedule(events, net.bytes_total, net.queued_s, list(zip(*seconds)))

@@ -119,7 +119,7 @@ def figures(name: str, algorithm: Shape, problem: Problem, streams: Streams, *,
 
 
 TRACE_FIGURES = ("staleness_mean", "staleness_max", "staleness_histogram", "wait_s",
-                 "bytes_total", "batches_per_worker")
+                 "idle_fraction", "bytes_total", "batches_per_worker")
 """The summary figures of an asynchronous run's trace (jaxdl.trace.summarize)."""
 
 

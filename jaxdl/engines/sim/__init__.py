@@ -177,7 +177,7 @@ class SimEngine(base.LocalProcess):
     self.num_workers = streams.num_workers
     if config.output.replay:
       self.events = read_replay(config.output.replay, algorithm, self.num_workers)
-      self.bytes_total = None
+      self.bytes_total, self.batch_seconds = None, ()
     else:
       self.cost = cost_model(config, problem, streams)
       partitioner = None if config.cluster.partition == "static" else Partitioner(
@@ -185,6 +185,7 @@ class SimEngine(base.LocalProcess):
       schedule = make_schedule(algorithm, self.cost, total_steps, streams.batch_sizes,
                                partitioner)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
+      self.batch_seconds = schedule.batch_seconds
     self._repartition(config, streams)
     self.step_ends = trace.step_ends(self.events, streams.batch_sizes)
     if len(self.step_ends) < total_steps:
@@ -274,6 +275,7 @@ class SimEngine(base.LocalProcess):
                            workers_per_device=self.num_workers),
             **base.trace_figures(self.events, self.num_workers, self.bytes_total,
                                  "simulated_time_s"),
+            **trace.batch_time_figures(self.batch_seconds),
             **self._in_flight_figures()}
 
   def _in_flight_figures(self) -> dict:
