@@ -206,3 +206,23 @@ def test_a_compare_grid_of_partitions_reports_idle_workers_and_batch_times(tmp_p
   report = (out / "report.md").read_text()
   assert "### Partitions of the global batch" in report and "| ar_sgd_adaptive ×3 |" in report
   assert (out / "batch_times.png").stat().st_size > 0
+
+
+def test_a_resumed_adaptive_run_equals_the_uninterrupted_one(tmp_path):
+  """The sim's splits come from its modelled times: a resumed run splits B as
+  the uninterrupted one did, and ends on the same parameters."""
+  import shutil
+
+  import jaxdl
+  from jaxdl.config import RunConfig
+
+  config = RunConfig.make(algorithm="bsp", engine="sim", model="mlp", steps=24, jitter=0.3,
+                          partition="adaptive", checkpoint_every=10, progress=False,
+                          out=str(tmp_path / "run"), **HETEROGENEOUS)
+  full = jaxdl.run(config)
+  trace = (tmp_path / "run" / "trace.jsonl").read_text()
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "20")  # as if killed after step 20
+  (tmp_path / "run" / "summary.json").unlink()
+  resumed = jaxdl.run(config.replace(resume=True))
+  assert resumed["params_fingerprint"] == full["params_fingerprint"]
+  assert (tmp_path / "run" / "trace.jsonl").read_text() == trace
