@@ -20,7 +20,7 @@ from jaxdl.errors import ConfigError, TaskError
 
 
 def largest_remainder(total: int, weights: Sequence[float],
-                       minimum: int) -> tuple[int, ...]:
+                      minimum: int) -> tuple[int, ...]:
   """Splits `total` in proportion to `weights`, each part at least `minimum`."""
   w = np.asarray(weights, np.float64)
   quota = total * w / w.sum()
@@ -146,8 +146,8 @@ class Streams:
 
   def stacked_batches(self, pairs: Sequence[tuple[int, int]]
                       ) -> tuple[Fields, np.ndarray, np.ndarray]:
-    """The batches of (worker, step) pairs, padded with zeros to the largest
-    batch size and stacked: fields (N, b_max, ...), weights (N, b_max), 1/B
+    """The batches of (worker, step) pairs, padded with zeros to `capacity`
+    (b_max) and stacked: fields (N, b_max, ...), weights (N, b_max), 1/B
     for real examples (B = sum of all batch sizes) and 0 for padding, and
     ids (N, 2), each batch's (worker, step)."""
     b_max = self.capacity
