@@ -82,6 +82,24 @@ class Partitioner:
     """Each worker's examples per second over its recent batches."""
     return np.asarray([sum(b for b, _ in r) / sum(t for _, t in r) for r in self.recent])
 
+  def costs(self) -> np.ndarray:
+    """(M, 2): each worker's batch cost, seconds = a + c x examples, fitted
+    over its recent batches. A real worker pays a fixed a per step (dispatch,
+    its collectives' calls) that a throughput alone would credit to the
+    larger batch, which would then grow without end. Where its sizes did not
+    vary by 10% or more, or the fit is not a cost (c <= 0 or a < 0): a = 0
+    and c its seconds per example."""
+    out = []
+    for r in self.recent:
+      b, t = np.asarray([x for x, _ in r], np.float64), np.asarray([y for _, y in r])
+      a, c = 0.0, t.sum() / b.sum()
+      if np.ptp(b) >= 0.1 * b.mean():
+        slope, intercept = np.polyfit(b, t, 1)
+        if slope > 0 and intercept >= 0:
+          a, c = intercept, slope
+      out.append((a, c))
+    return np.asarray(out)
+
   def observe(self, seconds: Sequence[float]) -> tuple[int, ...] | None:
     """Records the step just taken: each worker's seconds for its batch of
     `sizes`. The sizes of the steps from the next on if the policy splits B
@@ -96,11 +114,27 @@ class Partitioner:
         kind == "adaptive" and (self.observed == 1 or self.observed % every == 0))
     if not due:
       return None
-    sizes = split(self.total, self.throughputs())
+    sizes = balanced(self.total, self.costs())
     if sizes == self.sizes:
       return None
     self.sizes = sizes
     return sizes
+
+
+def balanced(total: int, costs: np.ndarray) -> tuple[int, ...]:
+  """Sizes summing to `total`, each at least one, whose predicted seconds
+  a_m + c_m b_m are equal (costs: (M, 2) rows (a, c)); with every a = 0,
+  sizes in proportion to the throughputs 1 / c."""
+  a, c = costs[:, 0], costs[:, 1]
+  ones = np.zeros(len(a), bool)  # workers held at one example
+  for _ in range(len(a)):
+    rest = total - ones.sum()
+    time = (rest + np.sum(a[~ones] / c[~ones])) / np.sum(1.0 / c[~ones])
+    quota = np.where(ones, 1.0, (time - a) / c)
+    if np.all(quota >= 1):
+      break
+    ones |= quota < 1
+  return split(total, quota)
 
 
 def step_time(sizes: Sequence[int], throughputs: Sequence[float]) -> float:

@@ -226,3 +226,17 @@ def test_a_resumed_adaptive_run_equals_the_uninterrupted_one(tmp_path):
   resumed = jaxdl.run(config.replace(resume=True))
   assert resumed["params_fingerprint"] == full["params_fingerprint"]
   assert (tmp_path / "run" / "trace.jsonl").read_text() == trace
+
+
+def test_a_fixed_cost_per_step_does_not_feed_the_larger_batch():
+  """Two equal workers paying 20 ms a step besides 1 ms an example: by
+  throughput alone the larger batch looks faster and grows every split; the
+  fitted cost (a + c b) splits evenly."""
+  p = Partitioner(Policy("adaptive", every=2, window=4), (40, 56))
+  for _ in range(20):
+    p.observe([0.020 + 0.001 * b for b in p.sizes])
+  assert p.sizes == (48, 48)
+  from jaxdl.partition import balanced
+  # worker 0 (10 s an example) held at one; the others' times equal: 0.2 + 0.9 = 1.1 = 1.1
+  costs = np.asarray([[0.0, 10.0], [0.2, 0.1], [0.0, 0.1]])
+  assert balanced(21, costs) == (1, 9, 11)

@@ -64,6 +64,11 @@ class Exchange:
     self.results: dict[tuple, tuple[list, int]] = {}  # key -> (result, readers left)
     self.inside = [{} for _ in range(size)]  # per worker: step -> seconds in collectives
 
+  def identity(self) -> dict[str, Any]:
+    """Its role, process and host (a Ray actor's, in cluster.json)."""
+    from jaxdl.engines.base import process_identity
+    return process_identity("exchange")
+
   def collective(self, op: str, key: tuple, worker: int, leaves: list[np.ndarray]):
     """Worker `worker`'s part of collective `key` (op: psum, all_gather,
     psum_scatter); its result, once every worker's part is in."""
