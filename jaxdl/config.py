@@ -108,11 +108,11 @@ class ClusterConfig:
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
-  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then in proportion to each worker's measured throughput, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), over a dataset held in memory."""
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), over a dataset held in memory."""
   rebalance_every: int = 5
   """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
   rebalance_window: int = 20
-  """--partition adaptive: each worker's most recent batches its throughput is measured over."""
+  """--partition adaptive: each worker's most recent batches its batch cost is fitted over."""
 
 
 @dataclasses.dataclass(frozen=True)

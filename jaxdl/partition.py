@@ -5,13 +5,17 @@ batches at different times, and a synchronous step waits for the last. A
 partition gives each worker a share of the global batch B:
 
   static        fixed sizes (--batch-sizes, or B / M each);
-  proportional  the static sizes for a warm-up of `every` steps, then sizes
-                in proportion to each worker's throughput (samples per
-                second) measured over it, kept for the rest of the run;
+  proportional  the static sizes for a warm-up of `every` steps, then a
+                split from the batch times measured over it, kept for the
+                rest of the run;
   adaptive      split after the first step from its batch times, then
                 again every `every` steps from each worker's last `window`
                 batches (a moving window, so that a worker whose speed
                 changes is followed).
+
+A split equalizes the workers' predicted batch times, each fitted as a
+fixed part plus a part per example (`Partitioner.costs`): in proportion to
+their throughputs (examples per second) where there is no fixed part.
 
 B is fixed: the sizes always sum to B, each at least one example, and an
 example's weight in the update is 1/B whatever worker computed it, so the
@@ -43,7 +47,7 @@ class Policy:
   every: int = 5
   """proportional: the warm-up's steps; adaptive: steps between splits."""
   window: int = 20
-  """adaptive: each worker's batches in the moving window its throughput is measured over."""
+  """adaptive: each worker's batches in the moving window its cost is fitted over."""
 
   def __post_init__(self):
     if self.kind not in POLICIES:
@@ -77,10 +81,6 @@ class Partitioner:
     # per worker: (examples, seconds) of its most recent batches
     self.recent = [collections.deque(maxlen=window) for _ in self.sizes]
     self.observed = 0  # steps observed so far
-
-  def throughputs(self) -> np.ndarray:
-    """Each worker's examples per second over its recent batches."""
-    return np.asarray([sum(b for b, _ in r) / sum(t for _, t in r) for r in self.recent])
 
   def costs(self) -> np.ndarray:
     """(M, 2): each worker's batch cost, seconds = a + c x examples, fitted
