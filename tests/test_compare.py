@@ -152,7 +152,7 @@ def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ipdps21_table3", "lcasgd_table3",
-                                  "hyperparameter_sensitivity"])
+                                  "hyperparameter_sensitivity", "partitions"])
 def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
   from pathlib import Path
   path = Path(__file__).parent.parent / "experiments" / f"{name}.py"
@@ -164,6 +164,9 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
       assert compare.check_cells(grid, tmp_path) == {}
   if name == "lcasgd_table3":
     assert {"asp_abn", "dc_asgd_abn", "lc_asgd_abn"} <= {v.label for v in grid.variants}
+  if name == "partitions":
+    assert [v.label for v in grid.variants] == ["ar_sgd", "ar_sgd_proportional",
+                                                "ar_sgd_adaptive"]
 
 
 def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
