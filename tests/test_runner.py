@@ -48,6 +48,9 @@ def test_run_directory_is_complete(tmp_path):
     assert key in summary, key
   assert summary["test_accuracy"] == evaluated[-1]["test_accuracy"]
   assert summary["test_accuracy"] > 0.85
+  # a zoo classifier is named by its data and model, and targets accuracy, higher better
+  assert summary["task"] == "digits/mlp"
+  assert summary["target_metric"] == "test_accuracy" and summary["higher_is_better"] is True
   assert len(summary["params_fingerprint"]) == 64
   assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()
                 if p.name.isdigit()) == [44, 88]
