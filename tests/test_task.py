@@ -365,3 +365,13 @@ def test_a_weighted_tasks_own_loss_evaluates_as_its_batchs_mean():
   metrics = task.evaluation({"w": jnp.float32(2.0)}, {}, {"x": x})
   assert set(metrics) == {"loss"}
   np.testing.assert_allclose(metrics["loss"], 2.0 * 66 / 4, rtol=1e-6)
+
+
+def test_a_zoo_classifier_without_a_dataset_is_named_by_its_model():
+  """jaxdl.task.classification(model) for batches given otherwise: no data of
+  its own, named images/<model>, evaluated by accuracy (higher is better)."""
+  from jaxdl.models import build_model
+  from jaxdl.task import classification
+  task = classification(build_model("mlp", 10, (8, 8, 1)))
+  assert (task.name, task.target, task.higher_is_better) == ("images/mlp", "accuracy", True)
+  assert task.train is None and task.test is None and task.weighted
