@@ -367,11 +367,15 @@ def test_a_weighted_tasks_own_loss_evaluates_as_its_batchs_mean():
   np.testing.assert_allclose(metrics["loss"], 2.0 * 66 / 4, rtol=1e-6)
 
 
-def test_a_zoo_classifier_without_a_dataset_is_named_by_its_model():
+def test_a_zoo_classifier_is_named_by_its_data_and_model():
   """jaxdl.task.classification(model) for batches given otherwise: no data of
-  its own, named images/<model>, evaluated by accuracy (higher is better)."""
+  its own, named images/<model>, evaluated by accuracy (higher is better);
+  with a dataset, <dataset>/<model>."""
   from jaxdl.models import build_model
   from jaxdl.task import classification
-  task = classification(build_model("mlp", 10, (8, 8, 1)))
+  from tests.helpers import DIGITS
+  model = build_model("mlp", DIGITS.num_classes, DIGITS.image_shape)
+  task = classification(model)
   assert (task.name, task.target, task.higher_is_better) == ("images/mlp", "accuracy", True)
   assert task.train is None and task.test is None and task.weighted
+  assert classification(model, DIGITS).name == "digits/mlp"  # with its data: named by both
