@@ -36,3 +36,22 @@ def test_batch_sizes_from_worker_speeds():
   assert batch_sizes(config) == (24, 36, 36)
   with pytest.raises(ConfigError, match="--batch-sizes"):
     batch_sizes(config.replace(batch_sizes=(1, 2)))
+
+
+@pytest.mark.parametrize("sync_bn", [False, True])
+def test_batch_statistics_are_each_workers_own_unless_synchronized(sync_bn):
+  """After a step on different batches, two workers' batch-norm statistics
+  differ (each its own batch's), and with --sync-bn they are the same (all
+  workers' batches together)."""
+  import jax
+  import numpy as np
+
+  from jaxdl.config import RunConfig
+  from tests.helpers import make_engine, train
+
+  config = RunConfig.make(algorithm="ar_sgd", engine="sim", workers=2, batch_size=8,
+                          model="cnn_bn", sync_bn=sync_bn, schedule="constant")
+  engine = make_engine(config, total_steps=2)
+  stats = jax.device_get(train(engine, 1)[0].workers.model_state)
+  same = all(np.allclose(x[0], x[1]) for x in jax.tree.leaves(stats))
+  assert same == sync_bn

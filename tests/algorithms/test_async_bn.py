@@ -123,3 +123,22 @@ def test_lc_asgd_is_built_from_the_pieces_given():
   key = jax.random.key(0)
   assert jax.tree.structure(built.init_server(key)) == jax.tree.structure(
       default.init_server(key))
+
+
+def test_an_async_bn_worker_reports_its_batch_statistics_whatever_it_held():
+  """With Async-BN a worker's batch-norm state after a gradient is its
+  batch's statistics (momentum 0): what it held before does not enter;
+  without, its running statistics move from what it held."""
+  from jaxdl.algorithms import Batch
+  model = build_model("cnn_bn", 10, (8, 8, 1))
+  rng = np.random.default_rng(0)
+  batch = Batch({"image": rng.normal(size=(6, 8, 8, 1)).astype(np.float32),
+                 "label": rng.integers(0, 10, 6).astype(np.int32)},
+                np.full(6, np.float32(1 / 6)), np.array([0, 0], np.int32))
+  params, held = Problem(classification(model), optax.sgd(0.1)).init_model(jax.random.key(0))
+  other = jax.tree.map(lambda x: x + 0.5, held)
+  for async_bn_on in (True, False):
+    problem = Problem(classification(model), optax.sgd(0.1), async_bn=async_bn_on)
+    reported = [jax.device_get(problem.own_gradients(params, s, batch)[1]) for s in (held, other)]
+    same = all(np.allclose(a, b) for a, b in zip(*map(jax.tree.leaves, reported)))
+    assert same == async_bn_on
