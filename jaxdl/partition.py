@@ -35,7 +35,6 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxdl.data.streams import largest_remainder
 from jaxdl.errors import ConfigError
 
 POLICIES = ("static", "proportional", "adaptive")
@@ -56,6 +55,23 @@ class Policy:
       if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ConfigError(field, value, "an integer >= 1 (steps)" if field.endswith("every")
                           else "an integer >= 1 (batches per worker)")
+
+
+def largest_remainder(total: int, weights: Sequence[float],
+                      minimum: int) -> tuple[int, ...]:
+  """Splits `total` in proportion to `weights`, each part at least `minimum`."""
+  w = np.asarray(weights, np.float64)
+  quota = total * w / w.sum()
+  parts = np.maximum(np.floor(quota).astype(np.int64), minimum)
+  # Ties go to the lower index (stable sort), so the result is deterministic.
+  while parts.sum() < total:
+    parts[np.argsort(-(quota - parts), kind="stable")[0]] += 1
+  while parts.sum() > total:
+    # Raising small parts to `minimum` overshot: take back from the parts that
+    # are furthest above their quota.
+    excess = np.where(parts > minimum, parts - quota, -np.inf)
+    parts[np.argsort(-excess, kind="stable")[0]] -= 1
+  return tuple(int(p) for p in parts)
 
 
 def split(total: int, throughputs: Sequence[float]) -> tuple[int, ...]:

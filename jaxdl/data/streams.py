@@ -17,23 +17,7 @@ import numpy as np
 
 from jaxdl.data.fields import Fields, FunctionData, IterableData, check_fields
 from jaxdl.errors import ConfigError, TaskError
-
-
-def largest_remainder(total: int, weights: Sequence[float],
-                      minimum: int) -> tuple[int, ...]:
-  """Splits `total` in proportion to `weights`, each part at least `minimum`."""
-  w = np.asarray(weights, np.float64)
-  quota = total * w / w.sum()
-  parts = np.maximum(np.floor(quota).astype(np.int64), minimum)
-  # Ties go to the lower index (stable sort), so the result is deterministic.
-  while parts.sum() < total:
-    parts[np.argsort(-(quota - parts), kind="stable")[0]] += 1
-  while parts.sum() > total:
-    # Raising small parts to `minimum` overshot: take back from the parts that
-    # are furthest above their quota.
-    excess = np.where(parts > minimum, parts - quota, -np.inf)
-    parts[np.argsort(-excess, kind="stable")[0]] -= 1
-  return tuple(int(p) for p in parts)
+from jaxdl.partition import Partitions, largest_remainder
 
 
 def partition_batch(global_batch: int,
@@ -341,8 +325,6 @@ def make_streams(data: Any, batch_sizes: Sequence[int], seed: int,
   """The streams of a task's training data (jaxdl.data.fields.to_data);
   `sliced`: a split of the global batch that may change (SlicedStreams,
   `batch_sizes` at step 0)."""
-  from jaxdl.partition import Partitions
-
   if data is None:
     raise TaskError(task, "train data", "a dict of arrays, a FunctionData or an IterableData; "
                     "the task has none")
