@@ -74,18 +74,6 @@ def largest_remainder(total: int, weights: Sequence[float],
   return tuple(int(p) for p in parts)
 
 
-def split(total: int, throughputs: Sequence[float]) -> tuple[int, ...]:
-  """`total` examples in proportion to the workers' throughputs, each at
-  least one (largest remainder: the sizes sum to `total` exactly)."""
-  throughputs = np.asarray(throughputs, np.float64)
-  if len(throughputs) > total:
-    raise ConfigError("batch_size", total, f"at least one example for each of the "
-                      f"{len(throughputs)} workers")
-  if not (np.all(np.isfinite(throughputs)) and np.all(throughputs > 0)):
-    raise ValueError(f"throughputs {throughputs.tolist()}: finite and > 0 for every worker")
-  return largest_remainder(int(total), throughputs, minimum=1)
-
-
 class Partitioner:
   """The sizes in force (`sizes`) and what chooses the next: fed each step's
   batch times (`observe`), it says when the policy splits B anew."""
@@ -150,18 +138,7 @@ def balanced(total: int, costs: np.ndarray) -> tuple[int, ...]:
     if np.all(quota >= 1):
       break
     ones |= quota < 1
-  return split(total, quota)
-
-
-def step_time(sizes: Sequence[int], throughputs: Sequence[float]) -> float:
-  """Seconds of a synchronous step's compute: its slowest worker's."""
-  return max(b / s for b, s in zip(sizes, throughputs))
-
-
-def ideal_step_time(total: int, throughputs: Sequence[float]) -> float:
-  """Seconds of a step whose B examples spread perfectly: the total work
-  over the total speed (no worker idle)."""
-  return total / float(np.sum(throughputs))
+  return largest_remainder(total, quota, minimum=1)
 
 
 class Partitions:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from jaxdl.errors import ConfigError
-from jaxdl.partition import Partitioner, Policy, ideal_step_time, split, step_time
+from jaxdl.partition import Partitioner, Policy, balanced
 
 SPEEDS = (1.0, 3.0, 3.0)  # examples per second, relative: the seed's 1 slow, 2 fast
 
@@ -14,14 +14,16 @@ def times(sizes, speeds=SPEEDS, jitter=None):
   return [b / s * f for b, s, f in zip(sizes, speeds, factor)]
 
 
-def test_split_is_exact_in_proportion_and_sums_to_the_batch():
-  assert split(70, SPEEDS) == (10, 30, 30)
-  assert split(96, SPEEDS) == (14, 41, 41)  # largest remainder: 13.71, 41.14, 41.14
-  assert split(3, (1.0, 1000.0, 1.0)) == (1, 1, 1)  # at least one each
-  assert split(100, (2.0, 1.0)) == (67, 33)
-  with pytest.raises(ConfigError) as e:
-    split(2, SPEEDS)
-  assert e.value.field == "batch_size"
+def proportional(total, speeds):
+  """The split of workers with no fixed cost: seconds per example 1 / speed."""
+  return balanced(total, np.asarray([[0.0, 1.0 / s] for s in speeds]))
+
+
+def test_without_a_fixed_cost_a_split_is_exact_in_proportion_and_sums_to_the_batch():
+  assert proportional(70, SPEEDS) == (10, 30, 30)
+  assert proportional(96, SPEEDS) == (14, 41, 41)  # largest remainder: 13.71, 41.14, 41.14
+  assert proportional(3, (1.0, 1000.0, 1.0)) == (1, 1, 1)  # at least one each
+  assert proportional(100, (2.0, 1.0)) == (67, 33)
 
 
 def test_static_never_splits_again():
@@ -57,8 +59,8 @@ def test_adaptive_with_jitter_stays_near_the_ideal_step_time():
   rng = np.random.default_rng(0)
   total, speeds = 96, SPEEDS
   p = Partitioner(Policy("adaptive", every=10, window=20), (32, 32, 32))
-  ideal = ideal_step_time(total, speeds)
-  assert step_time((32, 32, 32), speeds) / ideal == pytest.approx(32 * 7 / 96)
+  ideal = total / sum(speeds)  # the total work over the total speed
+  assert max(times((32, 32, 32), speeds)) / ideal == pytest.approx(32 * 7 / 96)
   steps = []
   for _ in range(400):
     jitter = np.exp(0.25 * rng.standard_normal(3) - 0.25 ** 2 / 2)
@@ -67,7 +69,7 @@ def test_adaptive_with_jitter_stays_near_the_ideal_step_time():
     p.observe(seconds)
     assert sum(p.sizes) == total and min(p.sizes) >= 1
   settled = np.mean(steps[100:])
-  jittered_ideal = np.mean([max(times(split(total, speeds), speeds,
+  jittered_ideal = np.mean([max(times(proportional(total, speeds), speeds,
                                       np.exp(0.25 * rng.standard_normal(3) - 0.25 ** 2 / 2)))
                             for _ in range(2000)])
   assert settled < 1.15 * jittered_ideal
@@ -236,7 +238,6 @@ def test_a_fixed_cost_per_step_does_not_feed_the_larger_batch():
   for _ in range(20):
     p.observe([0.020 + 0.001 * b for b in p.sizes])
   assert p.sizes == (48, 48)
-  from jaxdl.partition import balanced
   # worker 0 (10 s an example) held at one; the others' times equal: 0.2 + 0.9 = 1.1 = 1.1
   costs = np.asarray([[0.0, 10.0], [0.2, 0.1], [0.0, 0.1]])
   assert balanced(21, costs) == (1, 9, 11)

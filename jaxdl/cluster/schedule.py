@@ -340,7 +340,7 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
   ring, rounds = cost.ring_allreduce_time(), 0
   period = period if mode == "local" else 1
   for g in range(iterations):
-    seconds.append(times(g, max(clock), events))
+    seconds.append(times(g, max(clock), events, seconds))
     clock = [t + s for t, s in zip(clock, seconds[-1])]
     if (g + 1) % period:  # local SGD between averagings: no barrier
       events.append(Event(max(clock), "step", -1, iteration=g))
@@ -356,22 +356,22 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
 
 
 def _partitioned(cost: CostModel, partitioner) -> Callable:
-  """`times(g, now, events)`: each worker's compute seconds at step g. With
-  a partitioner, the times of step g - 1 went to it first, and a new split
-  it made is recorded in `events` at time `now`, for step g on."""
+  """`times(g, now, events, seconds)`: each worker's compute seconds at step
+  g, after those of the steps before (`seconds`). With a partitioner, step
+  g - 1's times go to it first, and a new split it makes is recorded in
+  `events` at time `now`, for step g on."""
   m = cost.num_workers
   if partitioner is None:
-    return lambda g, now, events: [cost.compute_time(w, g) for w in range(m)]
-  initial, last = partitioner.sizes, []
+    return lambda g, now, events, seconds: [cost.compute_time(w, g) for w in range(m)]
+  initial = partitioner.sizes
 
-  def times(g, now, events):
-    if last:
-      sizes = partitioner.observe(last)
+  def times(g, now, events, seconds):
+    if seconds:
+      sizes = partitioner.observe(seconds[-1])
       if sizes is not None:
         events.append(Event(now, "partition", -1, iteration=g, sizes=sizes))
-    last[:] = [cost.compute_time(w, g) * b / b0
-               for w, (b, b0) in enumerate(zip(partitioner.sizes, initial))]
-    return list(last)
+    return [cost.compute_time(w, g) * b / b0
+            for w, (b, b0) in enumerate(zip(partitioner.sizes, initial))]
   return times
 
 
@@ -380,7 +380,7 @@ def _bsp(cost: CostModel, iterations: int, times: Callable) -> Schedule:
   m, net, events, seconds = cost.num_workers, Network(cost), [], []
   ready = [0.0] * m  # replicas start equal: no pull before the first step
   for g in range(iterations):
-    seconds.append(times(g, max(ready), events))
+    seconds.append(times(g, max(ready), events, seconds))
     done = [r + t for r, t in zip(ready, seconds[-1])]
     # Pushes reach the shared links in the order the workers finish.
     barrier = max(net.push(w, done[w]) for w in sorted(range(m), key=lambda w: (done[w], w)))
