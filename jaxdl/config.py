@@ -90,7 +90,7 @@ class AlgorithmConfig:
 class ClusterConfig:
   """The machines: worker speeds and parameter-server shards."""
   worker_speeds: tuple[float, ...] | None = None
-  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion."""
+  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion (unless --batch-sizes). --engine sim models the speeds; with --compute-time, a synchronous algorithm's workers on --engine mesh or ray are slowed to them for real (see --compute-time)."""
   servers: int = 1
   """Parameter-server shards k: each owns about 1/k of the parameters and optimizer state (their bytes), and has its own link; with --engine ray, k shard actors (asp, ssp, dc_asgd, lc_asgd)."""
   cluster: str = "cpu"
@@ -100,15 +100,15 @@ class ClusterConfig:
   latency: float = 5e-5
   """Seconds per simulated message."""
   compute_time: float | None = None
-  """Seconds per batch on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster."""
+  """Seconds per batch (of the workers' mean --batch-sizes) on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster. With a synchronous algorithm on --engine mesh or ray, emulated: each worker runs its own program and sleeps until its batch has taken the modelled time (--worker-speeds, --jitter, stragglers, its share of the batch), if its real compute took less."""
   jitter: float = 0.0
-  """Sigma of the lognormal (mean 1) factor on every simulated compute time."""
+  """Sigma of the lognormal (mean 1) factor on every simulated (or emulated: --compute-time on a real engine) compute time."""
   straggler_prob: float = 0.0
   """Probability that a simulated iteration straggles."""
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
-  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), over a dataset held in memory."""
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
   rebalance_every: int = 5
   """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
   rebalance_window: int = 20
@@ -128,6 +128,10 @@ class DistributedConfig:
   """Seconds a process waits for all the others to reach the coordinator; then a one-line error (exit code 2)."""
   ray_address: str | None = None
   """--engine ray: HOST:PORT of a running Ray cluster to join (`ray start --head`); unset: a local Ray instance on the loopback address."""
+  reduce: str = "host"
+  """A synchronous algorithm whose workers run their own programs (--engine mesh or ray with --partition proportional or adaptive, --compute-time or --worker-devices): where the workers' collectives are summed, host (in host memory, numpy) or device (put on a device: the default one, on ray a GPU where the cluster has one; summed there, copied back); the same result, timed as reduce_s in summary.json."""
+  worker_devices: tuple[str, ...] | None = None
+  """--engine mesh, a synchronous algorithm: each worker's device, PLATFORM[:INDEX] (e.g. gpu cpu cpu: one worker on the accelerator and two on the CPU in one synchronous step); each worker then runs its own program on its own device (as with --partition proportional or adaptive, or --compute-time). Unset: worker w on the default backend's device w mod their number."""
   pin_workers: bool = False
   """--engine ray: each asynchronous worker's process on one core of its own (worker w on core w mod the cores it may use), one rank per core: a worker's gradient then does not spread over the other workers' cores through XLA's threads. A replay of such a run (--replay) ignores it."""
 
@@ -378,6 +382,21 @@ def _positive(field: str, value: float | int | None, *, allow_none=False, zero=F
 # The simulated cluster's settings: a run on real devices has none of them.
 SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
                   "straggler_prob", "straggler_slowdown")
+EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
+"""Those that the real engines (mesh, ray) emulate for a synchronous
+algorithm: each worker sleeps until its batch has taken the modelled time
+(jaxdl.engines.split.SplitWorker)."""
+
+
+def split_workers(config: RunConfig) -> bool:
+  """Whether a synchronous algorithm's workers on a real engine (mesh, ray)
+  each run their own program on their own share of the batch
+  (jaxdl.engines.split): its split changes (--partition), the workers are
+  slowed for real (--compute-time), or they have devices of their own
+  (--worker-devices)."""
+  c = config.cluster
+  return (c.partition != "static" or c.compute_time is not None
+          or config.distributed.worker_devices is not None)
 
 
 TASK_PREFIX = "task:"
@@ -474,22 +493,46 @@ def resolve(config: RunConfig):
     raise ConfigError("servers", config.cluster.servers,
                       f"1 with --engine ray for {spec.name}, whose center is one actor "
                       "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
+  emulated = EMULATED if engine in ("mesh", "ray") and spec.shape is Collective else ()
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
-      if value != default:
+      if value != default and field not in emulated:
+        also = (f", which --engine {engine} emulates only for a synchronous algorithm (sgd, "
+                "bsp, ar_sgd, local_sgd)" if field in EMULATED and engine in ("mesh", "ray")
+                else "")
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
-                          "(--engine sim), which a run on real devices does not have")
+                          f"(--engine sim), which a run on real devices does not have{also}")
+  if emulated and config.cluster.compute_time is None:
+    for field in ("jitter", "straggler_prob", "straggler_slowdown"):
+      if getattr(config.cluster, field) != getattr(ClusterConfig, field):
+        raise ConfigError(field, getattr(config.cluster, field),
+                          f"its default ({getattr(ClusterConfig, field)!r}) with --engine "
+                          f"{engine} unless --compute-time is set (the emulated batch time it "
+                          "varies)")
   if config.cluster.partition != "static":
     if spec.shape is not Collective:
       raise ConfigError("partition", config.cluster.partition,
                         f"static for {spec.name}: proportional and adaptive split a synchronous "
                         "step's global batch (sgd, bsp, ar_sgd, local_sgd)")
-    if engine != "sim":
-      raise ConfigError("partition", config.cluster.partition,
-                        f"static with --engine {engine}: proportional and adaptive run on "
-                        "--engine sim")
+  own_programs = engine in ("mesh", "ray") and spec.shape is Collective
+  if config.distributed.reduce not in ("host", "device"):
+    raise ConfigError("reduce", config.distributed.reduce, "host or device")
+  if config.distributed.reduce != "host" and not (own_programs and split_workers(config)):
+    raise ConfigError("reduce", config.distributed.reduce, "host, unless each worker runs "
+                      "its own program: a synchronous algorithm on --engine mesh or ray with "
+                      "--partition proportional or adaptive, --compute-time or "
+                      "--worker-devices")
+  if config.distributed.worker_devices is not None and not (
+      engine == "mesh" and spec.shape is Collective):
+    raise ConfigError("worker_devices", config.distributed.worker_devices,
+                      f"left unset for {spec.name} with --engine {engine}: it places a "
+                      "synchronous algorithm's workers on --engine mesh (ray's workers are "
+                      "processes, each on its own devices)")
+  if config.distributed.worker_devices is not None:  # each names a device of this process
+    from jaxdl.engines.split import worker_devices
+    worker_devices(config.distributed.worker_devices, cfg.workers)
   if config.distributed.pin_workers and engine != "ray" and not config.output.replay:
     # (a replay keeps the recorded ray run's config, this flag included)
     raise ConfigError("pin_workers", True, f"False with --engine {engine} (it places the ray "

@@ -360,7 +360,8 @@ class Report:
 
   def heterogeneous(self, network: str) -> list[CellResult]:
     """The cells whose workers' batch times were recorded (synchronous
-    runs on the sim engine: each worker's per-batch distribution)."""
+    runs on the sim engine, or on the mesh or ray engine with workers of
+    their own programs: each worker's per-batch distribution)."""
     return [c for c in self.train if c.network == network and not c.diverged
             and c.summary.get("batch_seconds_histogram")]
 
@@ -372,7 +373,8 @@ class Report:
     for c in self.heterogeneous(network):
       s = c.summary
       epochs = s.get("epochs")
-      per_epoch = c.time_s / epochs if c.time_s and epochs else None
+      time_s = s.get("trace_time_s", c.time_s)  # a real run's: its steps' alone
+      per_epoch = time_s / epochs if time_s and epochs else None
       batches = " / ".join(f"{m:.3g} ± {d:.2g}" for m, d in zip(
           s["batch_seconds_per_worker"], s["batch_seconds_std"]))
       rows.append([f"{c.variant} ×{c.workers}", str(s.get("batch_sizes")),

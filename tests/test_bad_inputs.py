@@ -287,14 +287,28 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
 @pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "asp", "--partition", "adaptive"], "--partition",
      "static for asp: proportional and adaptive split a synchronous step's global batch"),
-    (["--algorithm", "bsp", "--engine", "mesh", "--partition", "proportional"], "--partition",
-     "static with --engine mesh"),
     (["--algorithm", "bsp", "--partition", "random"], "--partition",
      "one of static, proportional, adaptive"),
     (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-every", "0"],
      "--rebalance-every", "an integer >= 1 (steps)"),
     (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-window", "0"],
      "--rebalance-window", "an integer >= 1 (batches per worker)"),
+    # what --engine ray emulates (workers slowed for real), and where it sums
+    (["--algorithm", "asp", "--engine", "ray", "--compute-time", "0.1"], "--compute-time",
+     "which --engine ray emulates only for a synchronous algorithm"),
+    (["--algorithm", "bsp", "--engine", "ray", "--jitter", "0.1"], "--jitter",
+     "unless --compute-time is set (the emulated batch time it varies)"),
+    (["--algorithm", "bsp", "--engine", "ray", "--compute-time", "0.1", "--network", "1gbps"],
+     "--network", "a setting of the simulated cluster (--engine sim), which a run on real"),
+    (["--algorithm", "bsp", "--engine", "ray", "--reduce", "device"], "--reduce",
+     "host, unless each worker runs its own program"),
+    (["--algorithm", "asp", "--engine", "ray", "--worker-speeds", "1", "2", "--reduce",
+      "device"], "--reduce", "host, unless each worker runs its own program"),
+    (["--algorithm", "bsp", "--reduce", "gpu"], "--reduce", "host or device"),
+    (["--algorithm", "bsp", "--engine", "mesh", "--worker-devices", "cpu", "tpu"],
+     "--worker-devices", "'tpu' is not one"),
+    (["--algorithm", "bsp", "--engine", "sim", "--worker-devices", "cpu", "cpu"],
+     "--worker-devices", "left unset for bsp with --engine sim"),
 ])
 def test_a_partition_that_cannot_run_is_refused(tmp_path, capsys, args, flag, says):
   out = tmp_path / "run"
@@ -309,11 +323,20 @@ def test_more_ray_server_shards_than_the_model_splits_into_are_refused(tmp_path,
   assert "at most 2: this parameter server's update splits its leaves into 2" in line
 
 
-@pytest.mark.parametrize("flag, value", [("--jitter", "0.1"), ("--network", "1gbps"),
-                                         ("--straggler-prob", "0.2"), ("--cluster", "v100"),
-                                         ("--compute-time", "0.01"), ("--latency", "0.1"),
-                                         ("--straggler-slowdown", "2")])
+@pytest.mark.parametrize("flag, value", [("--network", "1gbps"), ("--cluster", "v100"),
+                                         ("--latency", "0.1")])
 def test_a_simulated_cluster_setting_on_the_mesh_is_refused(tmp_path, capsys, flag, value):
   out = tmp_path / "run"
   line = refused(capsys, [*RUN, "--out", str(out), "--engine", "mesh", flag, value], flag, out)
   assert "--engine sim" in line
+
+
+@pytest.mark.parametrize("flag, value", [("--jitter", "0.1"), ("--straggler-prob", "0.2"),
+                                         ("--straggler-slowdown", "2")])
+def test_an_emulated_time_s_variation_without_the_time_is_refused(tmp_path, capsys, flag,
+                                                                  value):
+  """The real engines emulate --compute-time (workers sleep until their
+  batch has taken it); its jitter and stragglers vary it, so need it."""
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--engine", "mesh", flag, value], flag, out)
+  assert "unless --compute-time is set" in line

@@ -34,7 +34,7 @@ from jax.experimental import io_callback
 REDUCTIONS = ("host", "device")
 
 
-def _sum(parts: Sequence[Sequence[np.ndarray]], reduce: str, device=None) -> list[np.ndarray]:
+def summed(parts: Sequence[Sequence[np.ndarray]], reduce: str, device=None) -> list[np.ndarray]:
   """Leaf-wise sums of the workers' leaves, in worker order."""
   if reduce == "host":
     out = []
@@ -53,7 +53,8 @@ class Exchange:
   """Where the workers' collectives meet, in one process (the workers are
   threads, each running its own program): a worker's call blocks until all
   `size` workers have brought their part of the same collective. Counts each
-  worker's seconds inside collectives (waiting included) per step."""
+  worker's seconds inside collectives (waiting included) per step, and the
+  seconds spent summing."""
 
   def __init__(self, size: int, reduce: str = "host", device=None):
     if reduce not in REDUCTIONS:
@@ -63,11 +64,23 @@ class Exchange:
     self.parts: dict[tuple, dict[int, list[np.ndarray]]] = {}
     self.results: dict[tuple, tuple[list, int]] = {}  # key -> (result, readers left)
     self.inside = [{} for _ in range(size)]  # per worker: step -> seconds in collectives
+    self.reduced = 0.0  # seconds spent summing (--reduce), copies to and from a device included
+    self.failed = False  # a worker failed: the others' collectives would wait forever
 
   def identity(self) -> dict[str, Any]:
     """Its role, process and host (a Ray actor's, in cluster.json)."""
     from jaxdl.engines.base import process_identity
     return process_identity("exchange")
+
+  def abort(self) -> None:
+    """A worker failed: every worker waiting in a collective raises."""
+    with self.changed:
+      self.failed = True
+      self.changed.notify_all()
+
+  def reduce_seconds(self) -> float:
+    """Seconds spent summing the workers' parts so far."""
+    return self.reduced
 
   def collective(self, op: str, key: tuple, worker: int, leaves: list[np.ndarray]):
     """Worker `worker`'s part of collective `key` (op: psum, all_gather,
@@ -78,11 +91,15 @@ class Exchange:
       if len(self.parts[key]) == self.size:
         parts = self.parts.pop(key)
         ordered = [parts[w] for w in range(self.size)]
-        result = (ordered if op == "all_gather" else _sum(ordered, self.reduce, self.device))
+        begin = time.perf_counter()
+        result = (ordered if op == "all_gather" else summed(ordered, self.reduce, self.device))
+        self.reduced += time.perf_counter() - begin
         self.results[key] = (result, self.size)
         self.changed.notify_all()
       else:
-        self.changed.wait_for(lambda: key in self.results)
+        self.changed.wait_for(lambda: key in self.results or self.failed)
+        if self.failed:
+          raise RuntimeError(f"worker {worker} left collective {key}: another worker failed")
       result, left = self.results[key]
       if left == 1:
         del self.results[key]

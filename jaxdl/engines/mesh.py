@@ -1,5 +1,9 @@
 """The mesh engine: a collective algorithm in SPMD over the devices of a mesh.
 
+(Where the workers' shares of the batch differ in time, --partition
+proportional or adaptive, --compute-time, --worker-devices: each worker runs
+its own program in a thread of this process instead, jaxdl.engines.split.)
+
 M workers run on D devices, L = M / D per device: `jax.shard_map` over the
 mesh axis, `jax.vmap` over each device's workers, the algorithm's collectives
 over both through a `WorkerAxis`. D is the largest divisor of M not above the
@@ -44,6 +48,15 @@ class MeshEngine(base.LocalProcess):
   # Steps dispatched ahead of the host; bounded because many collectives in
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
   MAX_IN_FLIGHT = 4
+
+  def __new__(cls, algorithm: Collective, problem: Problem, streams: Streams, config=None,
+              *args, **kwargs):
+    from jaxdl.config import split_workers
+    if config is not None and split_workers(config):
+      # each worker its own program, on its own share and device (jaxdl.engines.split)
+      from jaxdl.engines.split import MeshSplit
+      return MeshSplit(algorithm, problem, streams, config, *args, **kwargs)
+    return super().__new__(cls)
 
   def __init__(self, algorithm: Collective, problem: Problem, streams: Streams, config,
                total_steps: int | None = None):

@@ -39,6 +39,7 @@ import numpy as np
 from jaxdl.algorithms import Elastic, Gossip
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, initial_state, one_batch, stack, take
+from jaxdl.engines.split import SplitWorker
 from jaxdl.trace import Event
 
 
@@ -981,3 +982,19 @@ class Process:
     from jaxdl.distributed import host_copy
     state = host_copy(self.state)
     return state if self.index == 0 else None
+
+
+class SplitProcess(SplitWorker):
+  """A `SplitWorker` as a process of its own (--engine ray): it builds its
+  algorithm and data stream from the config, and meets the other workers'
+  collectives at the run's exchange actor, found by its name."""
+
+  def __init__(self, config, task, worker: int, exchange: str):
+    import ray
+    built = _built(config, task)
+    actor = ray.get_actor(exchange)
+    meet = lambda op, key, w, leaves: ray.get(actor.collective.remote(op, key, w, leaves))
+    super().__init__(config, built.algorithm, built.problem, built.streams, worker, meet)
+
+  def identity(self) -> dict[str, Any]:
+    return process_identity(f"worker {self.w}")

@@ -9,7 +9,10 @@ never wait for it. The trace holds the events in the order the central actor
 granted them, with wall times; `--engine sim --replay RUN/trace.jsonl` runs
 the same programs in that order and reproduces the run's parameters bit for
 bit. A collective algorithm: M processes that jax.distributed joins, each
-running the mesh engine's step (`RayCollective`).
+running the mesh engine's step (`RayCollective`); or, where its workers'
+shares of the batch differ in time (--partition proportional or adaptive,
+--compute-time), M processes that each run the algorithm's step on their
+own share, their collectives meeting at one actor (`RaySplit`).
 
 A local Ray instance listens on the loopback address only and starts no
 dashboard; `--ray-address HOST:PORT` joins a running cluster instead, with
@@ -38,8 +41,9 @@ from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import state_shapes, take
 from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
-                                     ShardedWorker, Worker)
+                                     ShardedWorker, SplitProcess, Worker)
 from jaxdl.engines.shards import Partition
+from jaxdl.engines.split import SplitRun
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
@@ -162,12 +166,15 @@ class RayEngine(_RayRun):
   --servers k, split over k shard actors besides), or a
   coordinator of workers that keep their own models (EASGD's center is at
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
-  worker). A collective algorithm runs as `RayCollective`."""
+  worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
   shapes = (Collective, Centralized, Elastic, Gossip, Decentralized)
 
-  def __new__(cls, algorithm: Shape, *args, **kwargs):
+  def __new__(cls, algorithm: Shape, problem: Problem, streams: Streams, config, *args,
+              **kwargs):
     if isinstance(algorithm, Collective):
-      return RayCollective(algorithm, *args, **kwargs)
+      from jaxdl.config import split_workers
+      run = RaySplit if split_workers(config) else RayCollective
+      return run(algorithm, problem, streams, config, *args, **kwargs)
     return super().__new__(cls)
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
@@ -382,6 +389,47 @@ class RayCollective(_RayRun):
 
   def evaluated(self, state):
     return self.layout.evaluated(state)
+
+
+class RaySplit(SplitRun, _RayRun):
+  """The ray engine's form of `jaxdl.engines.split.SplitRun`: the M workers
+  are processes (`ray_actors.SplitProcess`), their collectives meeting at an
+  `Exchange` actor that sums in host memory or on a device (--reduce; on a
+  GPU when the cluster has one)."""
+
+  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+               config, total_steps: int):
+    from jaxdl.engines.host_axis import Exchange
+    super().__init__(algorithm, problem, streams, config)
+    ray, m = self._ray, self.num_workers
+    name = f"jaxdl-exchange-{uuid.uuid4().hex}"
+    reduce = config.distributed.reduce
+    gpus = 1 if reduce == "device" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    self.server = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=0)(Exchange).options(
+        name=name, max_concurrency=max(64, 4 * m)).remote(m, reduce)
+    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(SplitProcess).remote(
+        config, self.task, w, name) for w in range(m)]
+    self._begin_split(config, total_steps, reduce)
+
+  def _all(self, method: str, *args) -> list:
+    ray = self._ray
+    replies = [getattr(w, method).remote(*args) for w in self.workers]
+    pending = list(replies)
+    while pending:
+      done, pending = ray.wait(pending, num_returns=1)
+      try:
+        ray.get(done[0])
+      except Exception:  # the first to fail; the others then leave the exchange with an error
+        self.server.abort.remote()
+        raise
+    return ray.get(replies)
+
+  def _reduce_seconds(self) -> float:
+    return self._ray.get(self.server.reduce_seconds.remote())
+
+  def figures(self) -> dict[str, Any]:
+    return self.split_figures(devices=self.num_workers,
+                              processes=self.num_workers + 2)  # the exchange and the driver
 
 
 def one_device(xla_flags: str) -> str:

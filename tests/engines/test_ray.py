@@ -170,6 +170,62 @@ def test_a_collective_algorithm_on_processes_is_the_mesh_run(ray_instance, tmp_p
   assert resumed["params_fingerprint"] == ray_run["params_fingerprint"]
 
 
+HETEROGENEOUS = dict(algorithm="ar_sgd", engine="ray", workers=3, batch_sizes=(16, 16, 16),
+                     worker_speeds=(1.0, 3.0, 3.0), compute_time=0.3, jitter=0.1,
+                     **{k: v for k, v in RUN.items() if k != "batch_size"})
+
+
+def test_heterogeneous_workers_are_slowed_and_the_batch_split_by_measured_times(
+    ray_instance, tmp_path):
+  """Three worker processes of speeds 1:3:3, slowed for real (each sleeps
+  until its batch has taken the modelled time), each running the
+  algorithm's own step on its own share of the global batch of 48, split
+  anew every 4 steps from the measured batch times: the slow worker's share
+  falls well below the fast ones' (balanced: 48/7 against 3 x 48/7), the
+  splits are in the trace and always sum to 48, and the sim's replay of the
+  trace, the same partitions on the simulator's vmapped workers, gives the
+  same losses (not bit for bit: each worker's program sums its own padded
+  batch)."""
+  config = RunConfig.make(partition="adaptive", rebalance_every=4, out=str(tmp_path / "ray"),
+                          **HETEROGENEOUS)
+  ray_run = jaxdl.run(config)
+  assert ray_run["status"] == "completed"
+  events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
+  splits = [e for e in events if e.kind == "partition"]
+  assert [e.iteration for e in splits][:1] == [1] and all(sum(e.sizes) == 48 for e in splits)
+  slow, *fast = splits[-1].sizes
+  assert slow <= 12 and min(fast) >= 16, splits[-1].sizes
+  assert len([e for e in events if e.kind == "step"]) == 12
+  # measured: each worker's batches as long as modelled (0.3 s for the slow
+  # worker's 16, then about 48 / 7 x 0.3 / 16 = 0.13 s balanced), its idle time
+  assert min(ray_run["batch_seconds_per_worker"]) >= 0.09, ray_run["batch_seconds_per_worker"]
+  assert 0 <= ray_run["idle_fraction"] < 1 and ray_run["trace_time_s"] == events[-1].time
+  assert ray_run["reduce"] == "host" and ray_run["reduce_s"] > 0
+  assert len(ray_run["compile_s_per_worker"]) == 3
+  processes = json.loads((tmp_path / "ray" / "cluster.json").read_text())["processes"]
+  assert [p["role"] for p in processes] == ["driver", "exchange"] + [
+      f"worker {w}" for w in range(3)]
+  replayed = _replayed(tmp_path)
+  for k in ("test_loss", "train_loss"):
+    assert replayed[k] == pytest.approx(ray_run[k], rel=1e-5), k
+  assert replayed["test_accuracy"] == ray_run["test_accuracy"] > 0.5
+
+
+@pytest.mark.slow
+def test_the_two_reductions_of_slowed_workers_give_the_same_parameters(ray_instance,
+                                                                        tmp_path):
+  """Equal static shares of slowed workers (--compute-time): summed in host
+  memory or on a device, the same parameters bit for bit; and within float
+  rounding of the simulator's run of the same config."""
+  runs = {r: jaxdl.run(RunConfig.make(reduce=r, out=str(tmp_path / r), **HETEROGENEOUS))
+          for r in ("host", "device")}
+  assert runs["host"]["params_fingerprint"] == runs["device"]["params_fingerprint"]
+  assert runs["device"]["reduce"] == "device" and runs["device"]["reduce_s"] > 0
+  sim = jaxdl.run(RunConfig.make(**{**HETEROGENEOUS, "engine": "sim"},
+                                 out=str(tmp_path / "sim")))
+  assert sim["test_loss"] == pytest.approx(runs["host"]["test_loss"], rel=1e-5)
+
+
 def test_a_resumed_gossip_run_replays_bit_for_bit(ray_instance, tmp_path):
   """GoSGD resumed from its checkpoint at step 6 (the last one removed):
   the messages in flight there are not in the checkpoint, and the trace of

@@ -204,8 +204,9 @@ class SimEngine(base.LocalProcess):
       return
     if batching not in ("auto", "vmap", "loop", "scan", "events"):
       raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan, events")
-    if batching == "auto" and config.output.replay and (
-        recorded_engine(config.output.replay) in REAL_ENGINES):
+    # (a synchronous run's steps replay as the simulator's own: its partitions are its events)
+    if batching == "auto" and config.output.replay and not isinstance(
+        algorithm, Collective) and recorded_engine(config.output.replay) in REAL_ENGINES:
       batching = "events"
     if batching != "events" and any(e.kind == "restart" and e.peer >= 0 for e in self.events):
       raise ConfigError("replay", config.output.replay,

@@ -1,0 +1,300 @@
+"""A synchronous algorithm whose workers each run their own program.
+
+On a mesh every worker runs one SPMD program, so every worker's batch has
+one padded shape: a smaller share of the global batch saves nothing, and no
+worker's batch time can be told apart. Where the shares differ in time (a
+partition that changes, --partition proportional or adaptive; workers slowed
+by an emulated compute time, --compute-time; workers on different kinds of
+device) each worker runs the algorithm's own step as a program of its own,
+on its own share of the global batch, and the step's collectives meet at an
+`Exchange` (jaxdl.engines.host_axis). The algorithm's math is its own step,
+unchanged.
+
+`SplitWorker` is a worker (host state: its algorithm state, its compiled
+steps, its clock); `SplitRun` is what drives them, on any engine that can
+call every worker's method at once (`_all`): the mesh engine's threads in one
+process (`MeshSplit`), or the ray engine's processes
+(`jaxdl.engines.ray_engine.RaySplit`).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxdl import trace
+from jaxdl.algorithms import Batch, Collective
+from jaxdl.build import Cadence
+from jaxdl.engines import base
+from jaxdl.engines.events import initial_state, stack, take
+from jaxdl.partition import Partitioner, Partitions
+
+PAD_TO = 8
+"""A worker's batch is padded to a multiple of this (weight 0), so that
+small changes of its size reuse one compiled step."""
+
+
+class SplitWorker:
+  """Worker `worker` of a synchronous algorithm (built from `config`, with
+  `problem`'s model and every worker's `streams`), running its step as a
+  program of its own on its share of each global batch (padded to a
+  multiple of PAD_TO), on `device` (None: the default one). `meet(op, key,
+  worker, leaves)` takes its part of a collective to the exchange and
+  returns the result (jaxdl.engines.host_axis.HostAxis).
+
+  With --compute-time it is slowed for real: before the step's first
+  collective (or at its end, if it has none), it sleeps until its batch has
+  taken the simulator's modelled time for it (its speed, --jitter and
+  stragglers, its share of the batch: jaxdl.engines.sim.cost_model), if its
+  compute took less; its batch is then late at the exchange, as a slow
+  device's would be."""
+
+  def __init__(self, config, algorithm, problem, streams, worker: int, meet: Callable,
+               device=None):
+    from jaxdl.engines.host_axis import HostAxis
+    from jaxdl.engines.sim import cost_model
+    self.w, self.streams, self.algorithm = worker, streams, algorithm
+    self.m, self.total = streams.num_workers, sum(streams.batch_sizes)
+    self.static = streams.batch_sizes[worker]  # the size the modelled times are for
+    self.cost = (None if config.cluster.compute_time is None else
+                 cost_model(config, problem, streams))
+    self.meet, self.device = meet, device
+    axis = HostAxis(self.m, worker, self)
+    self.jitted = jax.jit(lambda state, batch, t: self.algorithm.step(
+        state, batch, t, axis.bind(t)))
+    self.compiled: dict[int, Any] = {}  # padded batch size -> its compiled step
+    self.mark = self.computed = self.compiling = 0.0
+    self.target: float | None = None  # the modelled seconds of this step's batch, until slept
+
+  def _slowed(self) -> None:
+    """Counts the compute since `mark`; sleeps what is left of the modelled time."""
+    self.computed += time.perf_counter() - self.mark
+    if self.target is not None and self.target > self.computed:
+      time.sleep(self.target - self.computed)
+      self.computed = self.target
+    self.target = None
+
+  def collective(self, op: str, key: tuple, worker: int, leaves: list):
+    """A collective of this worker's step (from its host callback): at the exchange."""
+    self._slowed()
+    result = self.meet(op, key, worker, leaves)
+    self.mark = time.perf_counter()
+    return result
+
+  def _put(self, state) -> None:
+    self.state = jax.device_put(state, self.device)
+
+  def init(self, key_data: np.ndarray) -> None:
+    """This worker's state at step 0, from the run's key."""
+    workers = initial_state(self.algorithm, jax.random.wrap_key_data(np.asarray(key_data)),
+                            self.m)[1]
+    self._put(take(workers, self.w))
+
+  def begin(self, workers) -> None:
+    """Continues from a checkpoint's state (every worker's, stacked)."""
+    self._put(take(workers, self.w))
+
+  def repartition(self, changes: list) -> None:
+    """The run's splits so far: (first step, sizes) after the step-0 sizes."""
+    self.streams.repartition(Partitions(self.streams.batch_sizes, changes))
+
+  def _batch(self, t: int, fields) -> tuple[Batch, int, int]:
+    fields = self.streams.batch(self.w, t) if fields is None else fields
+    b = len(next(iter(fields.values())))
+    padded = -(-b // PAD_TO) * PAD_TO
+    pad = lambda v: np.pad(v, [(0, padded - b)] + [(0, 0)] * (v.ndim - 1))
+    weights = np.where(np.arange(padded) < b, np.float32(1.0 / self.total), np.float32(0.0))
+    batch = Batch({k: pad(v) for k, v in fields.items()}, weights,
+                  np.array([self.w, t], np.int32))
+    return jax.device_put(batch, self.device), b, padded
+
+  def step(self, t: int, fields=None) -> tuple[dict, float, float]:
+    """Takes step t with the others, on its batch's `fields` (None: from its
+    streams): (its metric shares, its batch's seconds: the step's less those
+    spent in collectives, emulated time included, compiling excluded; its
+    seconds compiling a step for a new batch size)."""
+    batch, b, padded = self._batch(t, fields)
+    compiling = 0.0
+    if padded not in self.compiled:  # compiled before the clock starts
+      start = time.perf_counter()
+      self.compiled[padded] = self.jitted.lower(self.state, batch, np.int32(t)).compile()
+      compiling = time.perf_counter() - start
+      self.compiling += compiling
+    if self.cost is not None:
+      self.target = self.cost.compute_time(self.w, t) * b / self.static
+    self.computed, self.mark = 0.0, time.perf_counter()
+    self.state, metrics = self.compiled[padded](self.state, batch, np.int32(t))
+    jax.block_until_ready(self.state)
+    self._slowed()
+    return jax.device_get(metrics), self.computed, compiling
+
+  def compile_seconds(self) -> float:
+    """Seconds it spent compiling its steps (one per padded batch size)."""
+    return self.compiling
+
+  def get_state(self):
+    return jax.device_get(self.state)
+
+
+class SplitRun:
+  """Drives M `SplitWorker`s one synchronous step at a time: feeds their
+  measured batch times to the partition policy and hands them each new split
+  before the step it starts at. The trace holds each step's end, each
+  worker's idle time before it ("wait") and each split ("partition"), on a
+  clock of the steps' wall times (seconds compiling a new batch size's step
+  excluded, as the evaluations between steps). An engine sets `algorithm`,
+  `problem`, `streams`, `num_workers`, `name` and calls `_begin_split`, and
+  gives `_all(method, *args)` (every worker's reply, in worker order) and
+  `_reduce_seconds()`."""
+  shapes = (Collective,)
+
+  def _begin_split(self, config, total_steps: int, reduce: str) -> None:
+    from jaxdl.config import policy
+    self.reduce, self.total_steps = reduce, total_steps
+    self.partitioner = Partitioner(policy(config), self.streams.batch_sizes)
+    self.changes: list[tuple[int, tuple[int, ...]]] = []
+    self.cadence = Cadence.of(config, self.streams.steps_per_epoch, total_steps)
+    self.events: list[trace.Event] = []
+    self.seconds: list[list[float]] = [[] for _ in range(self.num_workers)]
+    self.begun, self.clock = False, 0.0  # the steps' seconds so far, compiling excluded
+
+  def _step_all(self, step: int) -> list:
+    """Every worker's reply to step `step`."""
+    return self._all("step", step)
+
+  def _state(self):
+    """Every worker's state, stacked (host arrays)."""
+    return stack(self._all("get_state"))
+
+  def init(self, key: jax.Array):
+    self._all("init", np.asarray(jax.random.key_data(key)))
+    return self._state()
+
+  def step(self, state, step: int):
+    if not self.begun:
+      self.begun = True
+      if step:  # from a checkpoint's state; the policy starts again from the static split
+        self._all("begin", state)
+    begin = time.perf_counter()
+    replies = self._step_all(step)
+    # The step's time, less the longest compile in it (the others waited for it).
+    took = time.perf_counter() - begin - max(r[2] for r in replies)
+    self.clock += took
+    seconds = [float(r[1]) for r in replies]
+    for w, s in enumerate(seconds):  # idle: the step's time less its own batch's
+      self.seconds[w].append(s)
+      self.events.append(trace.Event(self.clock, "wait", w, iteration=step,
+                                     duration=max(0.0, took - s)))
+    self.events.append(trace.Event(self.clock, "step", -1, step))
+    # (no split after the last step: none would take it)
+    sizes = self.partitioner.observe(seconds) if step + 1 < self.total_steps else None
+    if sizes is not None:
+      self.changes.append((step + 1, sizes))
+      self.events.append(trace.Event(self.clock, "partition", -1, iteration=step + 1,
+                                     sizes=sizes))
+      self._all("repartition", self.changes)
+    metrics = {k: sum(float(r[0][k]) for r in replies) for k in replies[0][0]}
+    return (self._state() if self.cadence.observes(step + 1) else state), metrics
+
+  def trace(self) -> list[trace.Event]:
+    return self.events
+
+  def split_figures(self, devices: int, processes: int) -> dict[str, Any]:
+    return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
+                           devices=devices, workers_per_device=1, processes=processes),
+            **base.trace_figures(self.events, self.num_workers, None),
+            **trace.batch_time_figures(self.seconds),
+            # the trace's clock: the steps' seconds, without compiling or evaluating
+            "trace_time_s": self.clock,
+            # where the collectives summed, and the seconds it took (copies included)
+            "reduce": self.reduce, "reduce_s": self._reduce_seconds(),
+            # each worker's seconds compiling its steps, one per padded batch size
+            # (outside its batch times; the others wait for it at the exchange)
+            "compile_s_per_worker": self._all("compile_seconds")}
+
+  def report(self, state) -> dict[str, float]:
+    return {}
+
+  def jitted_functions(self) -> list:
+    return []
+
+  def evaluated(self, state):
+    return jax.device_get(self.algorithm.evaluated(jax.device_put(state)))
+
+
+def worker_devices(names, count: int) -> list:
+  """Each of `count` workers' device: `names` (--worker-devices, e.g. gpu
+  cpu cpu or cpu:1; a platform and an index among its devices, 0 if none
+  given), or unset: worker w on the default backend's device w mod its
+  devices."""
+  from jaxdl.errors import ConfigError
+  if names is not None and len(names) != count:
+    raise ConfigError("worker_devices", tuple(names), f"{count} devices, one per worker")
+  if names is None:
+    devices = jax.devices()
+    return [devices[w % len(devices)] for w in range(count)]
+  out = []
+  for name in names:
+    platform, _, index = name.partition(":")
+    try:
+      available = jax.devices(platform)
+      out.append(available[int(index or 0)])
+    except (RuntimeError, ValueError, IndexError):
+      raise ConfigError("worker_devices", tuple(names),
+                        f"one device per worker, each PLATFORM[:INDEX] of this process's "
+                        f"devices ({', '.join(sorted({d.platform for d in jax.devices()}))}"
+                        f"{', cpu' if jax.default_backend() != 'cpu' else ''}): {name!r} "
+                        "is not one") from None
+  return out
+
+
+class MeshSplit(SplitRun, base.LocalProcess):
+  """The mesh engine's form of `SplitRun`: the M workers are threads of this
+  process, each on its own device (--worker-devices: several kinds of device
+  in one synchronous step, e.g. an accelerator and the CPU), their
+  collectives meeting at one `Exchange` in memory (--reduce)."""
+  name = "mesh"
+
+  def __init__(self, algorithm, problem, streams, config, total_steps: int):
+    from jaxdl.engines.host_axis import Exchange
+    self.algorithm, self.problem, self.streams = algorithm, problem, streams
+    self.num_workers = m = streams.num_workers
+    reduce = config.distributed.reduce
+    self.exchange = Exchange(m, reduce)
+    devices = worker_devices(config.distributed.worker_devices, m)
+    self.workers = [SplitWorker(config, algorithm, problem, streams, w,
+                                self.exchange.collective, devices[w]) for w in range(m)]
+    self.devices = len(set(devices))
+    self.pool = concurrent.futures.ThreadPoolExecutor(m, thread_name_prefix="jaxdl-worker")
+    self._begin_split(config, total_steps, reduce)
+
+  def _all(self, method: str, *args) -> list:
+    return self._results([self.pool.submit(getattr(w, method), *args) for w in self.workers])
+
+  def _step_all(self, step: int) -> list:
+    # the workers share one data stream: read here, one batch at a time
+    fields = [self.streams.batch(w, step) for w in range(self.num_workers)]
+    return self._results([self.pool.submit(w.step, step, f)
+                          for w, f in zip(self.workers, fields)])
+
+  def _results(self, futures) -> list:
+    """The workers' results; the first error, once the others have left the exchange."""
+    done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+    failed = [f.exception() for f in done if f.exception() is not None]
+    if failed:  # the first to fail; the others then leave the exchange with an error
+      self.exchange.abort()
+      concurrent.futures.wait(futures)
+      raise failed[0]
+    return [f.result() for f in futures]
+
+  def _reduce_seconds(self) -> float:
+    return self.exchange.reduce_seconds()
+
+  def figures(self) -> dict[str, Any]:
+    return self.split_figures(devices=self.devices, processes=1)
+
+  def close(self) -> None:
+    self.pool.shutdown(wait=False, cancel_futures=True)

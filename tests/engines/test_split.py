@@ -1,0 +1,112 @@
+"""Workers that each run their own program (jaxdl.engines.split) on the
+mesh engine: threads of one process, each on its own device and its own
+share of the global batch, their collectives meeting at an in-memory
+exchange. (The ray engine's processes: tests/engines/test_ray.py.)"""
+import time
+
+import jax
+import pytest
+
+import jaxdl
+from jaxdl import trace
+from jaxdl.config import RunConfig, validate
+from jaxdl.engines.split import MeshSplit, SplitWorker
+from jaxdl.errors import ConfigError
+from tests.helpers import make_engine, train
+
+RUN = dict(algorithm="ar_sgd", engine="mesh", workers=3, batch_sizes=(16, 16, 16),
+           dataset="digits", model="mlp", steps=12, progress=False, eval_every=6)
+
+
+def test_slowed_workers_on_the_mesh_are_split_by_measured_times(tmp_path):
+  """Speeds 1:3:3 emulated (--compute-time: each worker sleeps until its
+  batch has taken the modelled time), B = 48 split anew every 4 steps: the
+  slow worker's share falls to about 48/7, the splits (in the trace, each
+  summing to 48) replay on the simulator to the same losses, and the
+  summary has each worker's batch times, its idle share and the reduction's
+  seconds."""
+  config = RunConfig.make(worker_speeds=(1.0, 3.0, 3.0), compute_time=0.3, jitter=0.1,
+                          partition="adaptive", rebalance_every=4, out=str(tmp_path / "mesh"),
+                          **RUN)
+  run = jaxdl.run(config)
+  assert run["status"] == "completed" and run["engine"] == "mesh"
+  events = list(trace.read_trace(tmp_path / "mesh" / "trace.jsonl"))
+  splits = [e for e in events if e.kind == "partition"]
+  # after the first step, then every 4 (where the split changes), none after the last
+  assert splits[0].iteration == 1 and {e.iteration for e in splits} <= {1, 4, 8}
+  assert all(sum(e.sizes) == 48 for e in splits)
+  slow, *fast = splits[-1].sizes
+  assert slow <= 10 and min(fast) >= 17, splits[-1].sizes
+  # each worker's batches as long as modelled (0.3 s for the slow worker's 16,
+  # then about 48 / 7 x 0.3 / 16 = 0.13 s balanced)
+  assert min(run["batch_seconds_per_worker"]) >= 0.09, run["batch_seconds_per_worker"]
+  assert 0 <= run["idle_fraction"] < 1 and run["trace_time_s"] == events[-1].time
+  assert run["reduce"] == "host" and run["reduce_s"] > 0
+  replayed = jaxdl.run(config.replace(engine="sim", out=str(tmp_path / "sim"),
+                                      replay=str(tmp_path / "mesh" / "trace.jsonl")))
+  for k in ("test_loss", "train_loss"):
+    assert replayed[k] == pytest.approx(run[k], rel=1e-5), k
+  assert replayed["test_accuracy"] == run["test_accuracy"] > 0.5
+
+
+def test_a_slowed_workers_batch_takes_the_simulators_modelled_time():
+  """--compute-time on a real engine: each batch lasts what the simulator
+  models for it (speeds 1:2:4, jitter, stragglers), its compute included."""
+  config = RunConfig.make(**{**RUN, "batch_sizes": (8, 12, 4)}, worker_speeds=(1.0, 2.0, 4.0),
+                          compute_time=0.04, jitter=0.3, straggler_prob=0.2)
+  engine = make_engine(config)
+  train(engine, 6)
+  for w, worker in enumerate(engine.workers):
+    modelled = [worker.cost.compute_time(w, t) for t in range(6)]
+    for t, (got, want) in enumerate(zip(engine.seconds[w], modelled)):
+      assert want <= got < want + 0.05, (w, t, got, want)
+  assert len({round(t, 6) for w in engine.seconds for t in w}) == 18  # jitter: all differ
+
+
+def test_workers_on_devices_of_their_own_give_the_same_bits():
+  """--worker-devices puts each worker's program and state on its device
+  (here three of the forced CPU devices): the same bits wherever they are,
+  and the SPMD mesh run's parameters within float rounding."""
+  config = RunConfig.make(**{**RUN, "batch_sizes": (8, 12, 4)})
+  runs = {}
+  for devices in (("cpu:0", "cpu:3", "cpu:5"), ("cpu:1", "cpu:1", "cpu:2")):
+    engine = make_engine(config.replace(worker_devices=devices))
+    assert isinstance(engine, MeshSplit)
+    assert [w.device.id for w in engine.workers] == [int(d[4:]) for d in devices]
+    state = train(engine, 6)[0]
+    assert [list(jax.tree.leaves(w.state)[0].devices())[0].id for w in engine.workers] == [
+        int(d[4:]) for d in devices]
+    runs[devices] = engine.evaluated(state)
+  first, second = runs.values()
+  assert all((a == b).all() for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second)))
+  mesh = make_engine(config)
+  expected = mesh.evaluated(train(mesh, 6)[0])
+  for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(expected)):
+    assert a == pytest.approx(b, rel=2e-5, abs=2e-6)
+
+
+def test_a_failing_worker_stops_the_step_without_leaving_the_others_waiting(monkeypatch):
+  engine = make_engine(RunConfig.make(**{**RUN, "worker_devices": ("cpu", "cpu", "cpu")}))
+  state = engine.init(jax.random.key(0))
+  real = SplitWorker.step
+
+  def step(self, t, fields=None):
+    if self.w == 1:
+      raise ValueError("worker 1 broke")
+    return real(self, t, fields)
+  monkeypatch.setattr(SplitWorker, "step", step)
+  start = time.perf_counter()
+  with pytest.raises(ValueError, match="worker 1 broke"):
+    engine.step(state, 0)
+  assert time.perf_counter() - start < 30  # workers 0 and 2 left the exchange
+  engine.close()
+
+
+@pytest.mark.parametrize("devices, says", [
+    (("cpu", "cpu"), "3 devices, one per worker"),
+    (("cpu", "cpu", "tpu"), "'tpu' is not one"),
+    (("cpu", "cpu", "cpu:99"), "'cpu:99' is not one")])
+def test_worker_devices_that_do_not_exist_are_refused(devices, says):
+  with pytest.raises(ConfigError, match="--worker-devices") as e:
+    validate(RunConfig.make(**{**RUN, "worker_devices": devices}))
+  assert says in str(e.value)
