@@ -414,15 +414,16 @@ class RaySplit(SplitRun, _RayRun):
   def _all(self, method: str, *args) -> list:
     ray = self._ray
     replies = [getattr(w, method).remote(*args) for w in self.workers]
-    pending = list(replies)
-    while pending:
-      done, pending = ray.wait(pending, num_returns=1)
+    pending = replies
+    while True:  # all replies at once; while some are late, whether one failed
+      done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+      if not pending:
+        return ray.get(replies)
       try:
-        ray.get(done[0])
-      except Exception:  # the first to fail; the others then leave the exchange with an error
+        ray.get(done)
+      except Exception:  # one failed: the others leave the exchange with an error
         self.server.abort.remote()
         raise
-    return ray.get(replies)
 
   def _reduce_seconds(self) -> float:
     return self._ray.get(self.server.reduce_seconds.remote())

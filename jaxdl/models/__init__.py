@@ -8,7 +8,7 @@ from typing import Any, Callable
 import jax
 
 from jaxdl.errors import ConfigError
-from jaxdl.models import resnet, simple, transformer, vgg
+from jaxdl.models import resnet, simple, transformer, vgg, vit
 from jaxdl.models.base import Model, from_nnx
 from jaxdl.registry import Registry
 
@@ -56,6 +56,9 @@ MODELS.register("vgg16", "VGG-16, configuration D (Simonyan & Zisserman 2015).")
     vgg.vgg16)
 MODELS.register("vgg16_bn", "VGG-16 with batch norm after each conv.")(
     vgg.vgg16_bn)
+MODELS.register("vit", "Vision transformer (Dosovitskiy et al. 2021), small: patches of 4 "
+                "px (images below 128 px) or 16 px, width 64, 4 pre-norm blocks of 4 heads, "
+                "mean-pooled tokens.")(_stemless(vit.ViT))
 
 
 def resolve_stem(stem: str, image_shape: tuple[int, int, int]) -> str:

@@ -7,7 +7,8 @@ from flax import nnx
 
 
 class Block(nnx.Module):
-  """Causal self-attention and a 4x MLP, each after a layer norm, each residual."""
+  """Self-attention (causal with a causal `mask`; None: over all tokens) and
+  a 4x MLP, each after a layer norm, each residual."""
 
   def __init__(self, dim: int, heads: int, *, rngs: nnx.Rngs):
     self.norm1 = nnx.LayerNorm(dim, rngs=rngs)
@@ -17,7 +18,7 @@ class Block(nnx.Module):
     self.up = nnx.Linear(dim, 4 * dim, rngs=rngs)
     self.down = nnx.Linear(4 * dim, dim, rngs=rngs)
 
-  def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     x = x + self.attention(self.norm1(x), mask=mask)
     return x + self.down(nnx.gelu(self.up(self.norm2(x))))
 

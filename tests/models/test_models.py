@@ -43,7 +43,7 @@ def _assert_differ(a, b):
 
 def test_registry_names_and_docs():
   assert ALL == ["mlp", "cnn", "cnn_bn", "resnet18", "resnet34", "resnet50",
-                 "vgg11", "vgg11_bn", "vgg16", "vgg16_bn"]
+                 "vgg11", "vgg11_bn", "vgg16", "vgg16_bn", "vit"]
   for name in ALL:
     assert MODELS.doc(name)
 
@@ -59,6 +59,10 @@ def test_registry_names_and_docs():
     ("vgg11", (224, 224, 3), 1000, 132_863_336),
     ("vgg11_bn", (224, 224, 3), 1000, 132_868_840),
     ("vgg16_bn", (224, 224, 3), 1000, 138_365_992),
+    # the ViT by hand, CIFAR-shaped: patch embedding 4*4*3*64 + 64, 64 positions
+    # x 64, 4 blocks of (2 layer norms 2*128, attention 4*(64*64 + 64), MLP
+    # 64*256 + 256 + 256*64 + 64), final layer norm 128, head 64*10 + 10
+    ("vit", (32, 32, 3), 10, 3136 + 4096 + 4 * (256 + 16_640 + 33_088) + 128 + 650),
 ])
 def test_standard_parameter_counts(name, image_shape, classes, expected):
   assert count_params(build_model(name, classes, image_shape)) == expected
@@ -124,7 +128,7 @@ def _small_resnet(block) -> Model:
 # costs about 0.3 s per parameter shape with threefry keys and less with rbg.
 # resnet34, resnet50 and vgg16_bn share their code with the models run here.
 @pytest.mark.parametrize("name, key_impl", [
-    ("mlp", None), ("cnn", None), ("vgg11_bn", "rbg"),
+    ("mlp", None), ("cnn", None), ("vit", None), ("vgg11_bn", "rbg"),
     ("BasicBlock", "rbg"), ("Bottleneck", "rbg")])
 def test_run_train_and_eval(name, key_impl):
   if name in MODELS:
@@ -151,7 +155,7 @@ def test_run_train_and_eval(name, key_impl):
   chex.assert_shape(train_logits, (BATCH, 10))
   chex.assert_trees_all_equal_structs(train_state, state)
   has_bn = bool(jax.tree.leaves(state))
-  assert has_bn == (name not in ("mlp", "cnn"))
+  assert has_bn == (name not in ("mlp", "cnn", "vit"))
   if has_bn:
     # Every running mean and variance moves towards the batch's statistics.
     moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), state, train_state)
@@ -161,7 +165,7 @@ def test_run_train_and_eval(name, key_impl):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cnn", "mlp"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "vit"])
 def test_learns_digits(name):
   optax = pytest.importorskip("optax")
   datasets = pytest.importorskip("sklearn.datasets")
@@ -191,3 +195,24 @@ def test_learns_digits(name):
       params, opt_state = step(params, opt_state, x_train[b], y_train[b])
   logits, _ = model.apply(params, state, x_test, False)
   assert float(jnp.mean(jnp.argmax(logits, -1) == y_test)) >= 0.95
+
+
+def test_vit_trains_on_cifar_shaped_tfds_data(tmp_path):
+  """The ViT through a whole run on tfds's CIFAR-10 (mocked: 32 x 32 x 3,
+  random images and labels): 64 tokens of 4 x 4 patches, and the training
+  loss of the same 64 examples falls as it learns them."""
+  import json
+
+  import jaxdl
+  from jaxdl.config import RunConfig
+  tfds = pytest.importorskip("tensorflow_datasets")
+  with tfds.testing.mock_data(num_examples=64):
+    summary = jaxdl.run(RunConfig.make(
+        algorithm="sgd", dataset="tfds:cifar10", data_dir=str(tmp_path / "data"), model="vit",
+        batch_size=32, steps=40, optimizer="adam", lr=3e-3, schedule="constant", log_every=1,
+        eval_every=40, progress=False, out=str(tmp_path / "run")))
+  assert summary["status"] == "completed"
+  losses = [json.loads(line)["train_loss"] for line in
+            (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+            if "train_loss" in line]
+  assert len(losses) == 40 and np.mean(losses[-4:]) < 0.5 * np.mean(losses[:4]), losses
