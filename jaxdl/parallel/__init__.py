@@ -1,0 +1,2 @@
+"""Model parallelism inside a worker: a model's stages over a device axis
+(`pipeline`)."""

@@ -1,0 +1,128 @@
+"""Pipeline parallelism: a model's stages on the devices of a stage axis.
+
+A model split into p stages, stage s a function `fn_s(params_s, x) -> y` of
+its own parameters, runs with stage s on device s of a mesh axis: each
+global batch is cut into m micro-batches, and at tick t = 0 .. m + p - 2
+stage s works on micro-batch t - s (when there is one), then hands its
+output to stage s + 1 (`lax.ppermute`). That is GPipe's forward; its
+backward, reverse-mode differentiation of the same ticks, runs the ticks
+in reverse, ppermute's transpose handing each stage's cotangents back to
+the stage before. A stage idles (a "bubble") in (p - 1) of its m + p - 1
+ticks.
+
+Stages may differ in shape (a ResNet's, a VGG's): every device holds its
+stage's parameters as one row of a (p, L) array (raveled, zero padded to
+the largest stage's L), and its activations cross the axis as
+(micro-batch, A) rows (each example's activation raveled, zero padded to
+the widest boundary's A); each device runs its own stage's function
+(`lax.switch` on its index along the axis). An elementwise optimizer
+(sgd, momentum, adam) updates a row as it would the stage's leaves; the
+padding's gradients are zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+  """A model as p stages: `fns[s](params_s, x) -> y`, the parameters'
+  structure of each stage (`unravels`, from its leaves), the shape of an
+  example's input to each stage and of the last stage's output."""
+  fns: tuple[Callable, ...]
+  sizes: tuple[int, ...]                 # each stage's parameter count
+  unravels: tuple[Callable, ...]         # a stage's raveled parameters -> its pytree
+  shapes: tuple[tuple[int, ...], ...]    # an example's activation entering stage s; last: output
+  dtype: Any
+
+  @classmethod
+  def of(cls, fns: Sequence[Callable], params: Sequence[Any],
+         input_shape: Sequence[int]) -> Stages:
+    """Stages from their functions and parameters (traced for the shapes of
+    one example's activations from `input_shape`)."""
+    raveled = [ravel_pytree(p) for p in params]
+    shapes = [tuple(input_shape)]
+    for fn, p in zip(fns, params):
+      out = jax.eval_shape(fn, p, jax.ShapeDtypeStruct((1, *shapes[-1]), jnp.float32))
+      shapes.append(tuple(out.shape[1:]))
+    dtypes = {r.dtype for r, _ in raveled}
+    if len(dtypes) != 1:
+      raise ValueError(f"stages' parameters of one dtype, not {sorted(map(str, dtypes))}")
+    return cls(tuple(fns), tuple(int(r.size) for r, _ in raveled),
+               tuple(u for _, u in raveled), tuple(shapes), dtypes.pop())
+
+  @property
+  def count(self) -> int:
+    return len(self.fns)
+
+  @property
+  def width(self) -> int:
+    """A raveled activation's length: the widest boundary's."""
+    return max(math.prod(s) for s in self.shapes)
+
+  def rows(self, params: Sequence[Any]) -> jax.Array:
+    """The stages' parameters as (p, L) rows, each raveled and zero padded."""
+    length = max(self.sizes)
+    return jnp.stack([jnp.pad(ravel_pytree(p)[0], (0, length - n))
+                      for p, n in zip(params, self.sizes)])
+
+  def params(self, rows: jax.Array) -> list[Any]:
+    """The stages' parameter pytrees from their rows."""
+    return [u(rows[s, :n]) for s, (u, n) in enumerate(zip(self.unravels, self.sizes))]
+
+  def _branch(self, s: int) -> Callable:
+    """Stage s on padded rows: (its row of L, activations (b, A)) -> (b, A)."""
+    def run(row, x):
+      b = x.shape[0]
+      inputs = x[:, :math.prod(self.shapes[s])].reshape(b, *self.shapes[s])
+      y = self.fns[s](self.unravels[s](row[:self.sizes[s]]), inputs).reshape(b, -1)
+      return jnp.pad(y, ((0, 0), (0, self.width - y.shape[1])))
+    return run
+
+  def sequential(self, params: Sequence[Any], x: jax.Array) -> jax.Array:
+    """The stages one after the other on one device: the model's output."""
+    for fn, p in zip(self.fns, params):
+      x = fn(p, x)
+    return x
+
+
+def gpipe(stages: Stages, row: jax.Array, micro: jax.Array, axis: str) -> jax.Array:
+  """The GPipe forward of micro-batches `micro` (m, b, *input shape) through
+  the stages, inside `shard_map` over `axis` (p devices, device s holding
+  stage s's `row` of L): the last stage's outputs (m, b, *output shape) on
+  the last device, zeros on the others."""
+  p, m, b = stages.count, micro.shape[0], micro.shape[1]
+  s = jax.lax.axis_index(axis)
+  flat = micro.reshape(m, b, -1)
+  flat = jnp.pad(flat, ((0, 0), (0, 0), (0, stages.width - flat.shape[2]))).astype(stages.dtype)
+  branches = [stages._branch(i) for i in range(p)]
+  shift = [(i, i + 1) for i in range(p - 1)]
+
+  def tick(carry, t):
+    incoming, outputs = carry
+    x = jnp.where(s == 0, flat[jnp.clip(t, 0, m - 1)], incoming)
+    y = jax.lax.switch(s, branches, row, x)
+    done = t - (p - 1)  # the micro-batch the last stage finishes now
+    keep = (s == p - 1) & (done >= 0)
+    outputs = outputs.at[jnp.clip(done, 0, m - 1)].set(
+        jnp.where(keep, y, outputs[jnp.clip(done, 0, m - 1)]))
+    return (jax.lax.ppermute(y, axis, shift), outputs), None
+
+  # the carry differs from device to device (shard_map's "varying" values)
+  start = jax.lax.pcast((jnp.zeros((b, stages.width), stages.dtype),
+                         jnp.zeros((m, b, stages.width), stages.dtype)), (axis,), to="varying")
+  (_, outputs), _ = jax.lax.scan(tick, start, jnp.arange(m + p - 1))
+  out_shape = stages.shapes[-1]
+  return outputs[:, :, :math.prod(out_shape)].reshape(m, b, *out_shape)
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+  """The share of a stage's ticks in which it has no micro-batch: (p - 1) / (m + p - 1)."""
+  return (stages - 1) / (microbatches + stages - 1)
