@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +53,12 @@ class MLP(nnx.Module):
       x = nnx.relu(layer(x))
     return self.head(x)
 
+  def pieces(self) -> list[tuple[nnx.Module, Callable]]:
+    """The model as a sequence (jaxdl.parallel.pipeline.model_stages): each
+    hidden layer (the first flattening the image), the head."""
+    dense = lambda m, x: nnx.relu(m(x.reshape(x.shape[0], -1)))
+    return [*[(layer, dense) for layer in self.hidden], (self.head, lambda m, x: m(x))]
+
 
 class CNN(nnx.Module):
   """Two 3x3 conv(+batch norm)+ReLU+2x2 max-pool stages (32, 64 channels),
@@ -86,3 +92,13 @@ class CNN(nnx.Module):
     x = x.reshape(x.shape[0], -1)
     x = nnx.relu(self.dense(x))
     return self.head(x)
+
+  def pieces(self) -> list[tuple[nnx.Module, Callable]]:
+    """The model as a sequence (jaxdl.parallel.pipeline.model_stages): each
+    convolution with its pooling, the dense layer, the head (without batch
+    norm: its statistics would be each micro-batch's)."""
+    if self.norms:
+      raise ValueError("the CNN with batch norm is not a sequence of stages")
+    return [*[(conv, lambda m, x: pool_if_wider(nnx.relu(m(x)))) for conv in self.convs],
+            (self.dense, lambda m, x: nnx.relu(m(x.reshape(x.shape[0], -1)))),
+            (self.head, lambda m, x: m(x))]

@@ -123,6 +123,64 @@ def gpipe(stages: Stages, row: jax.Array, micro: jax.Array, axis: str) -> jax.Ar
   return outputs[:, :, :math.prod(out_shape)].reshape(m, b, *out_shape)
 
 
+def balanced_groups(sizes: Sequence[int], count: int) -> list[range]:
+  """`sizes` (the pieces' parameter counts, in order) cut into `count`
+  contiguous non-empty groups whose largest total is the smallest possible."""
+  n = len(sizes)
+  if not 1 <= count <= n:
+    raise ValueError(f"{count} stages of {n} pieces: between 1 and {n}")
+  ends = np.cumsum([0, *sizes])
+  # best[k][i]: the smallest largest total of the first i pieces in k groups
+  best = np.full((count + 1, n + 1), np.inf)
+  cut = np.zeros((count + 1, n + 1), int)
+  best[0][0] = 0
+  for k in range(1, count + 1):
+    for i in range(k, n + 1):
+      for j in range(k - 1, i):
+        cost = max(best[k - 1][j], ends[i] - ends[j])
+        if cost < best[k][i]:
+          best[k][i], cut[k][i] = cost, j
+  groups, i = [], n
+  for k in range(count, 0, -1):
+    groups.append(range(cut[k][i], i))
+    i = cut[k][i]
+  return groups[::-1]
+
+
+def model_stages(build: Callable, key: jax.Array, count: int,
+                 input_shape: Sequence[int]) -> tuple[Stages, list[Any]]:
+  """A Flax NNX model (`build(rngs)`, a module with a `pieces()` method: its
+  forward pass as a sequence of (submodule, call(submodule, x) -> x)) as
+  `count` stages of contiguous pieces, balanced by parameter count, and
+  each stage's parameters: those of the module built from `key`, as the
+  zoo's `Model.init(key)` gives them. A model with state besides its
+  parameters (batch norm) has no stages: each micro-batch would have its
+  own statistics."""
+  from flax import nnx  # local: the pipeline itself needs no NNX
+  module = build(nnx.Rngs(key))
+  pieces = module.pieces()
+  sizes = [sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param))) for m, _ in pieces]
+  fns, params = [], []
+  for group in balanced_groups(sizes, count):
+    holder = nnx.List([pieces[i][0] for i in group])
+    calls = [pieces[i][1] for i in group]
+    graphdef, own, rest = nnx.split(holder, nnx.Param, ...)
+    if jax.tree.leaves(rest):
+      raise ValueError(f"{type(module).__name__}: state besides parameters (batch norm) in "
+                       "its pieces: no pipeline stages")
+    params.append(nnx.to_pure_dict(own))
+
+    def fn(p, x, holder=holder, graphdef=graphdef, calls=calls):
+      _, own, rest = nnx.split(holder, nnx.Param, ...)  # a fresh copy, filled with p
+      nnx.replace_by_pure_dict(own, p)
+      stage = nnx.merge(graphdef, own, rest, copy=True)
+      for i, call in enumerate(calls):
+        x = call(stage[i], x)
+      return x
+    fns.append(fn)
+  return Stages.of(fns, params, input_shape), params
+
+
 def bubble_fraction(stages: int, microbatches: int) -> float:
   """The share of a stage's ticks in which it has no micro-batch: (p - 1) / (m + p - 1)."""
   return (stages - 1) / (microbatches + stages - 1)

@@ -82,3 +82,63 @@ def test_rows_round_trip_and_the_bubble():
     np.testing.assert_array_equal(a, b)
   assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
   assert bubble_fraction(1, 8) == 0.0
+
+
+def test_balanced_groups_minimize_the_largest_stage():
+  from jaxdl.parallel.pipeline import balanced_groups
+  assert balanced_groups([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
+  assert balanced_groups([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
+  assert balanced_groups([3, 4, 10, 2, 2], 3) == [range(0, 2), range(2, 3), range(3, 5)]
+  assert balanced_groups([7], 1) == [range(0, 1)]
+  with pytest.raises(ValueError, match="3 stages of 2 pieces"):
+    balanced_groups([1, 2], 3)
+
+
+def _zoo(name, image_shape, count):
+  from jaxdl.models import MODELS, build_model
+  from jaxdl.parallel.pipeline import model_stages
+  build = lambda rngs: MODELS.get(name)(image_shape, 10, "cifar", rngs=rngs)
+  key = jax.random.key(3)
+  stages, params = model_stages(build, key, count, image_shape)
+  return stages, params, build_model(name, 10, image_shape, stem="cifar"), key
+
+
+@pytest.mark.parametrize("name, image_shape, count", [
+    ("mlp", (8, 8, 1), 3), ("cnn", (8, 8, 1), 4), ("vit", (8, 8, 1), 4),
+    ("vit", (32, 32, 3), 2)])
+def test_a_zoo_model_cut_into_stages_is_the_same_model(name, image_shape, count):
+  """The stages hold every parameter of the model's init (same key) and,
+  one after the other, compute its logits."""
+  from jaxdl.models import count_params
+  stages, params, model, key = _zoo(name, image_shape, count)
+  assert stages.count == count and sum(stages.sizes) == count_params(model)
+  full, state = model.init(key)
+  x = np.random.default_rng(1).normal(size=(5, *image_shape)).astype(np.float32)
+  expected = model.apply(full, state, x, False)[0]
+  np.testing.assert_allclose(stages.sequential(params, x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_gpipe_trains_the_vit_as_one_device_does():
+  """The ViT in 4 stages (patch embedding + block, two blocks, block + head)
+  on 4 devices, 4 micro-batches: one device's loss and gradients."""
+  stages, params, _, _ = _zoo("vit", (8, 8, 1), 4)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(16, 8, 8, 1)).astype(np.float32)
+  labels = rng.integers(0, 10, 16)
+  mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+  def local(rows, micro, micro_labels):
+    out = gpipe(stages, rows[0], micro, AXIS)
+    last = jax.lax.axis_index(AXIS) == stages.count - 1
+    return jax.lax.psum(jnp.where(last, _loss(out, micro_labels), 0.0), AXIS)
+
+  pipelined = jax.jit(jax.value_and_grad(jax.shard_map(
+      local, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=P())))
+  rows = jax.device_put(stages.rows(params), jax.sharding.NamedSharding(mesh, P(AXIS)))
+  loss, grads = pipelined(rows, x.reshape(4, 4, 8, 8, 1), labels.reshape(4, 4))
+  expected, expected_grads = jax.value_and_grad(
+      lambda p: _loss(stages.sequential(p, x), labels))(params)
+  assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+  for g, e in zip(jax.tree.leaves(stages.params(grads)), jax.tree.leaves(expected_grads)):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
