@@ -76,7 +76,12 @@ def build_task(config: RunConfig) -> Task:
                       + ", ".join(names))
   if text:
     return language_model(dataset, name)
-  model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
+  if config.model.parallelism == "pipeline":
+    from jaxdl.parallel.pipeline import pipelined_model
+    model = pipelined_model(name, dataset.num_classes, dataset.image_shape, config.model.stem,
+                            config.model.stages, config.model.microbatches)
+  else:
+    model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
   return classification(model, dataset)
 
 

@@ -40,6 +40,12 @@ class ModelConfig:
   """Model name: see `jaxdl list`."""
   stem: Literal["auto", "cifar", "imagenet"] = "auto"
   """ResNet/VGG stem and head: imagenet for inputs of 128 px or more under auto."""
+  parallelism: str = "data"
+  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker) or pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule; mlp, cnn and vit, for a synchronous algorithm)."""
+  stages: int = 2
+  """--parallelism pipeline: p, the stages (devices) each worker's model is cut into, balanced by parameter count."""
+  microbatches: int = 4
+  """--parallelism pipeline: m, the micro-batches each worker's batch is cut into (it must divide the batch size); a stage idles (p - 1) / (m + p - 1) of the time."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -543,7 +549,56 @@ def resolve(config: RunConfig):
   if cfg.sync_bn and spec.shape is not Collective:
     raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
                       f"local_sgd): {spec.name}'s workers share no batch statistics")
+  _check_parallelism(config, spec, engine)
   return spec, engine
+
+
+PARALLELISMS = ("data", "pipeline")
+PIPELINED_MODELS = ("mlp", "cnn", "vit")
+"""The zoo models that are a sequence of stages (no batch norm)."""
+
+
+def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
+  """--parallelism pipeline's conditions: a synchronous algorithm on the mesh
+  engine, a model of stages, micro-batches that divide the batch, and
+  workers x stages devices."""
+  from jaxdl.algorithms import Collective
+  m = config.model
+  if m.parallelism not in PARALLELISMS:
+    raise ConfigError("parallelism", m.parallelism, "one of " + ", ".join(PARALLELISMS))
+  if m.parallelism == "data":
+    for field, value in (("stages", m.stages), ("microbatches", m.microbatches)):
+      if value != getattr(ModelConfig, field):
+        raise ConfigError(field, value, f"its default ({getattr(ModelConfig, field)}) with "
+                          "--parallelism data (it cuts a pipelined model)")
+    return
+  if spec.shape is not Collective or engine != "mesh":
+    raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
+                      f"{engine}: a pipeline runs a synchronous algorithm (sgd, bsp, ar_sgd, "
+                      "local_sgd) on --engine mesh")
+  if m.model not in PIPELINED_MODELS or config.data.dataset.startswith(TASK_PREFIX):
+    raise ConfigError("model", m.model, "one of " + ", ".join(PIPELINED_MODELS)
+                      + " with --parallelism pipeline (a sequence of stages, no batch norm)")
+  if isinstance(m.stages, bool) or not isinstance(m.stages, int) or m.stages < 2:
+    raise ConfigError("stages", m.stages, "an integer >= 2 (the devices a model is cut over)")
+  if isinstance(m.microbatches, bool) or not isinstance(m.microbatches, int) or \
+      m.microbatches < 1:
+    raise ConfigError("microbatches", m.microbatches, "an integer >= 1")
+  sizes = batch_sizes(config)
+  if len(set(sizes)) > 1 or sizes[0] % m.microbatches:
+    raise ConfigError("microbatches", m.microbatches, f"a divisor of every worker's batch "
+                      f"({', '.join(map(str, sorted(set(sizes))))}): equal batches cut into "
+                      "equal micro-batches")
+  if split_workers(config) or config.algorithm.sync_bn:
+    raise ConfigError("parallelism", m.parallelism, "data with --partition, --compute-time, "
+                      "--worker-devices or --sync-bn (a pipeline is one SPMD program)")
+  import jax
+  needed, have = config.algorithm.workers * m.stages, len(jax.devices())
+  if needed > have:
+    raise ConfigError("stages", m.stages, f"at most {have // config.algorithm.workers}: "
+                      f"{config.algorithm.workers} workers x {m.stages} stages need {needed} "
+                      f"devices, and this process has {have} (on a CPU, XLA_FLAGS="
+                      "--xla_force_host_platform_device_count=N makes N)")
 
 
 def batch_sizes(config: RunConfig) -> tuple[int, ...]:

@@ -285,6 +285,30 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, flag, says", [
+    (["--algorithm", "bsp", "--parallelism", "tensor"], "--parallelism",
+     "one of data, pipeline"),
+    (["--algorithm", "asp", "--parallelism", "pipeline"], "--parallelism",
+     "data for asp with --engine sim: a pipeline runs a synchronous algorithm"),
+    (["--algorithm", "bsp", "--engine", "sim", "--parallelism", "pipeline"], "--parallelism",
+     "data for bsp with --engine sim"),
+    (["--algorithm", "bsp", "--parallelism", "pipeline", "--model", "cnn_bn"], "--model",
+     "one of mlp, cnn, vit with --parallelism pipeline"),
+    (["--algorithm", "bsp", "--parallelism", "pipeline", "--stages", "1"], "--stages",
+     "an integer >= 2"),
+    (["--algorithm", "bsp", "--parallelism", "pipeline", "--stages", "5"], "--stages",
+     "at most 4: 2 workers x 5 stages need 10 devices"),
+    (["--algorithm", "bsp", "--parallelism", "pipeline", "--microbatches", "5",
+      "--batch-size", "16"], "--microbatches", "a divisor of every worker's batch (16)"),
+    (["--algorithm", "bsp", "--stages", "4"], "--stages",
+     "its default (2) with --parallelism data"),
+])
+def test_a_pipeline_that_cannot_run_is_refused(tmp_path, capsys, args, flag, says):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--workers", "2", *args], flag, out)
+  assert says in line
+
+
+@pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "asp", "--partition", "adaptive"], "--partition",
      "static for asp: proportional and adaptive split a synchronous step's global batch"),
     (["--algorithm", "bsp", "--partition", "random"], "--partition",

@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
 from jaxdl.engines import base
+from jaxdl.parallel.pipeline import STAGE_AXIS
 from jaxdl.trace import Event
 
 DEVICE_AXIS, LOCAL_AXIS = "workers", "local"
@@ -60,13 +61,19 @@ class MeshEngine(base.LocalProcess):
 
   def __init__(self, algorithm: Collective, problem: Problem, streams: Streams, config,
                total_steps: int | None = None):
-    del config, total_steps  # a step is a step: nothing to plan ahead
+    del total_steps  # a step is a step: nothing to plan ahead
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = m = streams.num_workers
     devices = jax.devices()
-    d = device_count_for(m, len(devices))
-    self.mesh = jax.make_mesh((d,), (DEVICE_AXIS,), devices=devices[:d],
-                              axis_types=(jax.sharding.AxisType.Auto,))
+    # --parallelism pipeline: each worker's model over a row of p devices
+    # (jaxdl.parallel.pipeline), one worker per row
+    self.stages = p = (config.model.stages if config is not None
+                       and config.model.parallelism == "pipeline" else 1)
+    self.microbatches = config.model.microbatches if p > 1 else 1
+    d = m if p > 1 else device_count_for(m, len(devices))
+    names = (DEVICE_AXIS,) if p == 1 else (DEVICE_AXIS, STAGE_AXIS)
+    self.mesh = jax.make_mesh((d,) if p == 1 else (d, p), names, devices=devices[:d * p],
+                              axis_types=(jax.sharding.AxisType.Auto,) * len(names))
     per_device = m // d
     # On one device the step is a plain jit: no collective over a one-device
     # axis, and the same program (and bits) as the algorithm's step jitted by hand.
@@ -74,7 +81,6 @@ class MeshEngine(base.LocalProcess):
                            local_size=per_device, local=LOCAL_AXIS if per_device > 1 else None)
     self.sharded = NamedSharding(self.mesh, P(DEVICE_AXIS))
     self.replicated = NamedSharding(self.mesh, P())
-    self._local_workers = self._workers_of_this_process()
     self._in_flight: collections.deque = collections.deque()
     # The trace of a real run: each step's dispatch, in wall seconds from the
     # engine's start (this process's steps: after a resume, the runner puts the
@@ -83,14 +89,26 @@ class MeshEngine(base.LocalProcess):
     self._start = time.perf_counter()
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
-    device_step = self._device_step if d == 1 else jax.shard_map(
+    # A pipelined model's stage rows (and the optimizer state shaped like
+    # them) lie along the stage axis, a row per device; the rest is replicated.
+    rows = p > 1 and jax.eval_shape(problem.task.init, key)[0]["stages"].shape
+    staged = lambda x: x.shape == rows
+    self._specs = jax.tree.map(
+        lambda x: P((DEVICE_AXIS, STAGE_AXIS)) if staged(x) else P(DEVICE_AXIS),
+        self._worker_shapes)
+    self._shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self._specs)
+    self._local_shapes = jax.tree.map(  # a device's block of a worker's leaves
+        lambda x: jax.ShapeDtypeStruct((1, *x.shape[1:]) if staged(x) else x.shape, x.dtype),
+        self._worker_shapes)
+    self._local_workers = self._workers_of_this_process()
+    device_step = self._device_step if d == 1 and p == 1 else jax.shard_map(
         self._device_step, mesh=self.mesh,
-        in_specs=(MeshState(P(), P(DEVICE_AXIS)), P(DEVICE_AXIS)),
-        out_specs=(MeshState(P(), P(DEVICE_AXIS)), P()), check_vma=False)
+        in_specs=(MeshState(P(), self._specs), P(DEVICE_AXIS)),
+        out_specs=(MeshState(P(), self._specs), P()), check_vma=False)
     self.jitted_step = jax.jit(device_step,
         # Explicit, so the state comes back exactly as it went in (on one
         # device XLA would otherwise simplify some specs and force a retrace).
-        out_shardings=(MeshState(self.replicated, self.sharded), self.replicated),
+        out_shardings=(MeshState(self.replicated, self._shardings), self.replicated),
         donate_argnums=0)
     self._evaluated = jax.jit(
         lambda state: algorithm.evaluated(self._stacked(state.workers, m)),
@@ -103,9 +121,11 @@ class MeshEngine(base.LocalProcess):
   # copy of every leaf per step (+50% on small models), and vmapping one worker
   # would turn convolutions into grouped ones (+8%).
 
-  def _stacked(self, rows, count: int):
-    """Rows of `count` workers -> the same leaves with a leading worker axis."""
-    return jax.tree.map(lambda x, s: x.reshape((count,) + s.shape), rows, self._worker_shapes)
+  def _stacked(self, rows, count: int, shapes=None):
+    """Rows of `count` workers -> the same leaves with a leading worker axis
+    (`shapes`: a worker's leaves, default the whole worker's)."""
+    return jax.tree.map(lambda x, s: x.reshape((count,) + s.shape), rows,
+                        shapes or self._worker_shapes)
 
   @staticmethod
   def _rows(stacked):
@@ -118,7 +138,7 @@ class MeshEngine(base.LocalProcess):
                                                             self.axis)
     local = self.axis.local_size
     batch = jax.tree.map(lambda x: x.reshape((local, -1) + x.shape[1:]), batch)
-    workers = self._stacked(state.workers, local)
+    workers = self._stacked(state.workers, local, self._local_shapes)
     if self.axis.local is None:
       one = lambda t: jax.tree.map(lambda x: x[0], t)
       workers, metrics = jax.tree.map(lambda x: x[None], worker_step(one(workers), one(batch)))
@@ -132,7 +152,8 @@ class MeshEngine(base.LocalProcess):
 
   def _workers_of_this_process(self) -> np.ndarray:
     per_device = self.axis.local_size
-    mine = [i for i, dev in enumerate(self.mesh.devices.flat)
+    first = self.mesh.devices if self.stages == 1 else self.mesh.devices[:, 0]  # a stage's
+    mine = [i for i, dev in enumerate(first.flat)
             if dev.process_index == jax.process_index()]
     return np.array([i * per_device + l for i in mine for l in range(per_device)])
 
@@ -140,7 +161,7 @@ class MeshEngine(base.LocalProcess):
     def init_all(key):
       workers = base.init_workers(self.algorithm.init, key, self.num_workers)
       return MeshState(jnp.zeros((), jnp.int32), self._rows(workers))
-    shardings = MeshState(self.replicated, self.sharded)
+    shardings = MeshState(self.replicated, self._shardings)
     return base.compile_init(init_all, key, out_shardings=shardings)(key)
 
   def batch(self, step: int) -> Batch:
@@ -187,7 +208,12 @@ class MeshEngine(base.LocalProcess):
     return jax.device_get(self._evaluated(state))
 
   def figures(self) -> dict:
-    return base.figures(self.name, self.algorithm, self.problem, self.streams,
-                        devices=self.mesh.devices.size,
-                        workers_per_device=self.axis.local_size,
-                        processes=jax.process_count())
+    figures = base.figures(self.name, self.algorithm, self.problem, self.streams,
+                           devices=self.mesh.devices.size,
+                           workers_per_device=self.axis.local_size,
+                           processes=jax.process_count())
+    if self.stages > 1:
+      from jaxdl.parallel.pipeline import bubble_fraction
+      figures.update(stages=self.stages, microbatches=self.microbatches,
+                     bubble_fraction_ideal=bubble_fraction(self.stages, self.microbatches))
+    return figures

@@ -181,6 +181,70 @@ def model_stages(build: Callable, key: jax.Array, count: int,
   return Stages.of(fns, params, input_shape), params
 
 
+STAGE_AXIS = "stages"
+"""The mesh axis a pipelined model's stages lie along (jaxdl.engines.mesh)."""
+
+
+def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
+                    count: int, microbatches: int):
+  """The zoo model `name` as a `jaxdl.models.Model` whose parameters are its
+  `count` stages' rows ({"stages": (count, L)}). In training its apply runs
+  GPipe over `microbatches` micro-batches of the batch, inside shard_map
+  over STAGE_AXIS (the mesh engine's pipeline); every stage's device gets
+  the last stage's logits, their gradient counted once, on the last stage.
+  A device holds its stage's row alone where the algorithm's state is laid
+  along the stage axis (ar_sgd, local_sgd, sgd: the mesh engine's layout);
+  given every row (bsp's pull from its server, whose slices the stages
+  share), it runs its own and the rows' gradient is summed over the stages.
+  In evaluation, or outside a stage axis, it runs the stages one after the
+  other."""
+  from jaxdl.models import MODELS, Model, resolve_stem
+  stem = resolve_stem(stem, tuple(image_shape))
+  build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
+  stages = model_stages(build, jax.random.key(0), count, image_shape)[0]
+
+  def init(key):
+    return {"stages": stages.rows(model_stages(build, key, count, image_shape)[1])}, {}
+
+  def apply(params, model_state, images, train, stats=None):
+    del stats  # no batch norm in a pipelined model
+    rows = params["stages"]
+    if not train or not _bound(STAGE_AXIS):  # one device runs every stage
+      return stages.sequential(stages.params(rows), images), model_state
+    if rows.shape[0] == 1:  # this device's stage's row
+      row = rows[0]
+    else:  # every stage's row on every stage's device (bsp's pull): its own, and
+      # every row's gradient on every device, whole
+      row = _gradient_summed_over_stages(rows)[jax.lax.axis_index(STAGE_AXIS)]
+    b = images.shape[0]
+    micro = images.reshape(microbatches, b // microbatches, *images.shape[1:])
+    out = gpipe(stages, row, micro, STAGE_AXIS).reshape(b, -1)
+    # the last stage's logits on every stage; the gradient through the last's alone
+    return out + jax.lax.stop_gradient(jax.lax.psum(out, STAGE_AXIS) - out), model_state
+
+  return Model(name=f"{name}/pipeline{count}x{microbatches}", init=init, apply=apply,
+               num_classes=num_classes, image_shape=tuple(image_shape))
+
+
+@jax.custom_vjp
+def _gradient_summed_over_stages(x):
+  """x; its cotangent summed over STAGE_AXIS."""
+  return x
+
+
+_gradient_summed_over_stages.defvjp(
+    lambda x: (x, None), lambda _, g: (jax.lax.psum(g, STAGE_AXIS),))
+
+
+def _bound(axis: str) -> bool:
+  """Whether `axis` is a mesh axis of the computation being traced."""
+  try:
+    jax.lax.axis_index(axis)
+  except NameError:
+    return False
+  return True
+
+
 def bubble_fraction(stages: int, microbatches: int) -> float:
   """The share of a stage's ticks in which it has no micro-batch: (p - 1) / (m + p - 1)."""
   return (stages - 1) / (microbatches + stages - 1)

@@ -142,3 +142,36 @@ def test_gpipe_trains_the_vit_as_one_device_does():
   assert float(loss) == pytest.approx(float(expected), rel=1e-6)
   for g, e in zip(jax.tree.leaves(stages.params(grads)), jax.tree.leaves(expected_grads)):
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm, model, stages, extra", [
+    ("ar_sgd", "mlp", 3, {}),
+    ("bsp", "cnn", 4, {}),                                   # stages of different shapes
+    ("local_sgd", "vit", 2, {"communication_period": 2}),
+    ("sgd", "vit", 4, {"optimizer": "adam", "lr": 1e-3}),
+])
+def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, model, stages,
+                                                                     extra):
+  """--parallelism pipeline (each worker's model over a row of `stages`
+  devices, 4 micro-batches, GPipe) inside a synchronous algorithm: the same
+  losses step by step, and the same evaluation, as the model whole on one
+  device per worker."""
+  from jaxdl.config import RunConfig
+  from tests.helpers import make_engine, train
+  workers = 1 if algorithm == "sgd" else 2
+  base = dict(algorithm=algorithm, workers=workers, model=model, batch_size=16,
+              schedule="constant", **{"optimizer": "sgd", "lr": 0.05, **extra})
+  pipelined = make_engine(RunConfig.make(**base, parallelism="pipeline", stages=stages,
+                                         microbatches=4))
+  assert pipelined.mesh.devices.shape == (workers, stages)
+  whole = make_engine(RunConfig.make(**base))
+  (state, history), (expected_state, expected) = train(pipelined, 6), train(whole, 6)
+  np.testing.assert_allclose([h["loss"] for h in history], [h["loss"] for h in expected],
+                             rtol=1e-5)
+  evaluated = pipelined.evaluated(state)
+  assert evaluated[0]["stages"].shape[0] == stages  # the stages' rows, gathered
+  batch = {"image": np.random.default_rng(0).normal(size=(8, 8, 8, 1)).astype(np.float32),
+           "label": np.arange(8) % 10}
+  got = pipelined.problem.task.evaluate(*evaluated, batch)
+  want = whole.problem.task.evaluate(*whole.evaluated(expected_state), batch)
+  assert float(got["loss"]) == pytest.approx(float(want["loss"]), rel=1e-5)
