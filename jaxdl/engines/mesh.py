@@ -87,6 +87,7 @@ class MeshEngine(base.LocalProcess):
     # earlier steps' events first).
     self._events: list[Event] = []
     self._start = time.perf_counter()
+    self._arguments = None
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
     # A pipelined model's stage rows (and the optimizer state shaped like
@@ -183,7 +184,11 @@ class MeshEngine(base.LocalProcess):
   def step(self, state: MeshState, step: int):
     """Advances `state` by training step `step` (its data is a function of it)."""
     self._events.append(Event(time.perf_counter() - self._start, "step", -1, step))
-    state, metrics = self.jitted_step(state, self.batch(step))
+    batch = self.batch(step)
+    if self._arguments is None:  # the step's argument shapes, for its memory analysis
+      self._arguments = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), (state, batch))
+    state, metrics = self.jitted_step(state, batch)
     self._in_flight.append(metrics)
     if len(self._in_flight) > self.MAX_IN_FLIGHT:
       jax.block_until_ready(self._in_flight.popleft())
@@ -212,6 +217,12 @@ class MeshEngine(base.LocalProcess):
                            devices=self.mesh.devices.size,
                            workers_per_device=self.axis.local_size,
                            processes=jax.process_count())
+    memory = self._arguments and self.jitted_step.lower(*self._arguments).compile(
+        ).memory_analysis()  # (its compile is the persistent cache's, once the run's is there)
+    if memory is not None:  # one device's share of the step's program
+      figures["memory_per_device_bytes"] = {
+          "arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,
+          "temporaries": memory.temp_size_in_bytes, "aliased": memory.alias_size_in_bytes}
     if self.stages > 1:
       from jaxdl.parallel.pipeline import bubble_fraction
       figures.update(stages=self.stages, microbatches=self.microbatches,

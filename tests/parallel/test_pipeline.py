@@ -175,3 +175,9 @@ def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, 
   got = pipelined.problem.task.evaluate(*evaluated, batch)
   want = whole.problem.task.evaluate(*whole.evaluated(expected_state), batch)
   assert float(got["loss"]) == pytest.approx(float(want["loss"]), rel=1e-5)
+  # a device holds its stage's parameters and optimizer state (bsp's server
+  # slices are split over the workers either way): less than the whole model's
+  memory = [e.figures()["memory_per_device_bytes"]["arguments"] for e in (pipelined, whole)]
+  assert memory[0] < memory[1] or algorithm == "bsp", memory
+  assert pipelined.figures()["bubble_fraction_ideal"] == pytest.approx(
+      (stages - 1) / (4 + stages - 1))
