@@ -537,7 +537,7 @@ def resolve(config: RunConfig):
                       "synchronous algorithm's workers on --engine mesh (ray's workers are "
                       "processes, each on its own devices)")
   if config.distributed.worker_devices is not None:  # each names a device of this process
-    from jaxdl.engines.split import worker_devices
+    from jaxdl.distributed import worker_devices
     worker_devices(config.distributed.worker_devices, cfg.workers)
   if config.distributed.pin_workers and engine != "ray" and not config.output.replay:
     # (a replay keeps the recorded ray run's config, this flag included)

@@ -118,3 +118,28 @@ def host_copy(tree):
       return np.asarray(x)
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return jax.tree.map(one, tree)
+
+
+def worker_devices(names, count: int) -> list:
+  """Each of `count` workers' device: `names` (--worker-devices, e.g. gpu
+  cpu cpu or cpu:1; a platform and an index among its devices, 0 if none
+  given), or unset: worker w on the default backend's device w mod its
+  devices."""
+  if names is not None and len(names) != count:
+    raise ConfigError("worker_devices", tuple(names), f"{count} devices, one per worker")
+  if names is None:
+    devices = jax.devices()
+    return [devices[w % len(devices)] for w in range(count)]
+  out = []
+  for name in names:
+    platform, _, index = name.partition(":")
+    try:
+      available = jax.devices(platform)
+      out.append(available[int(index or 0)])
+    except (RuntimeError, ValueError, IndexError):
+      raise ConfigError("worker_devices", tuple(names),
+                        f"one device per worker, each PLATFORM[:INDEX] of this process's "
+                        f"devices ({', '.join(sorted({d.platform for d in jax.devices()}))}"
+                        f"{', cpu' if jax.default_backend() != 'cpu' else ''}): {name!r} "
+                        "is not one") from None
+  return out

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxdl import trace
+from jaxdl import distributed, trace
 from jaxdl.algorithms import Batch, Collective
 from jaxdl.build import Cadence
 from jaxdl.engines import base
@@ -225,32 +225,6 @@ class SplitRun:
     return jax.device_get(self.algorithm.evaluated(jax.device_put(state)))
 
 
-def worker_devices(names, count: int) -> list:
-  """Each of `count` workers' device: `names` (--worker-devices, e.g. gpu
-  cpu cpu or cpu:1; a platform and an index among its devices, 0 if none
-  given), or unset: worker w on the default backend's device w mod its
-  devices."""
-  from jaxdl.errors import ConfigError
-  if names is not None and len(names) != count:
-    raise ConfigError("worker_devices", tuple(names), f"{count} devices, one per worker")
-  if names is None:
-    devices = jax.devices()
-    return [devices[w % len(devices)] for w in range(count)]
-  out = []
-  for name in names:
-    platform, _, index = name.partition(":")
-    try:
-      available = jax.devices(platform)
-      out.append(available[int(index or 0)])
-    except (RuntimeError, ValueError, IndexError):
-      raise ConfigError("worker_devices", tuple(names),
-                        f"one device per worker, each PLATFORM[:INDEX] of this process's "
-                        f"devices ({', '.join(sorted({d.platform for d in jax.devices()}))}"
-                        f"{', cpu' if jax.default_backend() != 'cpu' else ''}): {name!r} "
-                        "is not one") from None
-  return out
-
-
 class MeshSplit(SplitRun, base.LocalProcess):
   """The mesh engine's form of `SplitRun`: the M workers are threads of this
   process, each on its own device (--worker-devices: several kinds of device
@@ -264,7 +238,7 @@ class MeshSplit(SplitRun, base.LocalProcess):
     self.num_workers = m = streams.num_workers
     reduce = config.distributed.reduce
     self.exchange = Exchange(m, reduce)
-    devices = worker_devices(config.distributed.worker_devices, m)
+    devices = distributed.worker_devices(config.distributed.worker_devices, m)
     self.workers = [SplitWorker(config, algorithm, problem, streams, w,
                                 self.exchange.collective, devices[w]) for w in range(m)]
     self.devices = len(set(devices))
