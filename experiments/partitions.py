@@ -4,6 +4,8 @@ measured batch times move (`--partition static|proportional|adaptive`).
 
   python experiments/partitions.py                       # miniature, ~25 s on a CPU
   python experiments/partitions.py --seed 1              # another seed
+  python experiments/partitions.py --engine ray          # measured: 3 worker processes
+                                                         # slowed for real, ~9 min
   python experiments/partitions.py --scale paper --data-dir DIR   # ResNet-18 / CIFAR-10
 
 Scales (``--scale``, or ``JAXDL_SCALE`` for `jaxdl compare --experiment`):
