@@ -123,6 +123,126 @@ def gpipe(stages: Stages, row: jax.Array, micro: jax.Array, axis: str) -> jax.Ar
   return outputs[:, :, :math.prod(out_shape)].reshape(m, b, *out_shape)
 
 
+IDLE, FORWARD, BACKWARD = 0, 1, 2
+
+
+def one_f_one_b(stages: int, microbatches: int) -> np.ndarray:
+  """1F1B's (PipeDream-flush) slots: (T, p, 2) int, [t, s] = (what stage s
+  does in slot t: IDLE, FORWARD or BACKWARD, of which micro-batch). Stage s
+  takes min(p - 1 - s, m) forwards, then alternates a forward and a
+  backward, then the backwards left; an operation waits for what it needs
+  (the stage before's forward, the stage after's backward) from an earlier
+  slot. T = 2 (m + p - 1): GPipe's bubble, with at most p micro-batches in
+  flight at a stage instead of m."""
+  p, m = stages, microbatches
+  orders = []
+  for s in range(p):
+    warm = min(p - 1 - s, m)
+    order = [(FORWARD, i) for i in range(warm)]
+    for i in range(m - warm):
+      order += [(FORWARD, warm + i), (BACKWARD, i)]
+    order += [(BACKWARD, i) for i in range(m - warm, m)]
+    orders.append(order)
+  done: dict[tuple[int, int, int], int] = {}  # (op, micro-batch, stage) -> its slot
+  slots, position = [], [0] * p
+  while any(position[s] < 2 * m for s in range(p)):
+    t, row = len(slots), []
+    for s in range(p):
+      if position[s] == 2 * m:
+        row.append((IDLE, 0))
+        continue
+      op, i = orders[s][position[s]]
+      need = ((FORWARD, i, s - 1) if op == FORWARD and s > 0 else
+              (BACKWARD, i, s + 1) if op == BACKWARD and s < p - 1 else
+              (FORWARD, i, s) if op == BACKWARD else None)
+      if need is None or done.get(need, t) < t:
+        row.append((op, i))
+      else:
+        row.append((IDLE, 0))
+    for s, (op, i) in enumerate(row):
+      if op != IDLE:
+        done[(op, i, s)] = t
+        position[s] += 1
+    slots.append(row)
+  return np.asarray(slots, np.int32)
+
+
+def one_f_one_b_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
+                          loss: Callable, axis: str) -> tuple[jax.Array, jax.Array]:
+  """The loss summed over micro-batches `micro` (m, b, *input shape) and its
+  gradient with respect to this device's stage `row`, by the 1F1B schedule
+  (`one_f_one_b`), inside `shard_map` over `axis`: (the loss on every
+  device, this stage's row's gradient). `loss(outputs, aux_i)`: a
+  micro-batch's loss from the last stage's outputs and its `aux` (a pytree
+  of (m, ...) arrays: labels, weights). A backward recomputes its stage's
+  forward from the input kept at the forward (p inputs at most a stage);
+  what a neighbour sends is kept by micro-batch until its stage uses it."""
+  p, m, b = stages.count, micro.shape[0], micro.shape[1]
+  s = jax.lax.axis_index(axis)
+  table = jnp.asarray(one_f_one_b(p, m))
+  flat = micro.reshape(m, b, -1)
+  flat = jnp.pad(flat, ((0, 0), (0, 0), (0, stages.width - flat.shape[2]))).astype(stages.dtype)
+  forward = [stages._branch(i) for i in range(p)]
+  out_size = math.prod(stages.shapes[-1])
+
+  def last_loss(row, x, i):  # the last stage's output and its loss
+    y = forward[p - 1](row, x)
+    outputs = y[:, :out_size].reshape(b, *stages.shapes[-1])
+    return loss(outputs, jax.tree.map(lambda a: a[i], aux))
+
+  def slot(carry, slots):
+    kept, inputs, cotangents, from_before, from_after, grad, total = carry
+    ops, before = slots  # this slot's operations, and the slot before's
+    # what the neighbours sent in the slot before, kept by micro-batch until used
+    sent = lambda k, kind: (k >= 0) & (k < p) & (before[jnp.clip(k, 0, p - 1), 0] == kind)
+    which = lambda k: before[jnp.clip(k, 0, p - 1), 1] % p
+    inputs = jnp.where(sent(s - 1, FORWARD), inputs.at[which(s - 1)].set(from_before), inputs)
+    cotangents = jnp.where(sent(s + 1, BACKWARD),
+                           cotangents.at[which(s + 1)].set(from_after), cotangents)
+    op, i = ops[s, 0], ops[s, 1]
+    x = jnp.where(s == 0, flat[i], inputs[i % p])  # a forward's input
+
+    nothing = jnp.zeros_like(total)  # (of total's type: differing among devices)
+
+    def idle(_):
+      return kept, jnp.zeros_like(x), jnp.zeros_like(x), jnp.zeros_like(row), nothing
+
+    def run_forward(k):
+      def go(_):
+        return kept.at[i % p].set(x), forward[k](row, x), jnp.zeros_like(x), \
+            jnp.zeros_like(row), nothing
+      return go
+
+    def run_backward(k):
+      def go(_):
+        saved = kept[i % p]
+        if k == p - 1:
+          value, pull = jax.vjp(lambda r, a: last_loss(r, a, i), row, saved)
+          d_row, d_x = pull(jnp.ones_like(value))
+        else:
+          value = nothing
+          _, pull = jax.vjp(forward[k], row, saved)
+          d_row, d_x = pull(cotangents[i % p])
+        return kept, jnp.zeros_like(x), d_x, d_row, value
+      return go
+
+    branches = [idle] + [run_forward(k) for k in range(p)] + [run_backward(k) for k in range(p)]
+    index = jnp.where(op == FORWARD, 1 + s, jnp.where(op == BACKWARD, 1 + p + s, 0))
+    kept, y, d_x, d_row, value = jax.lax.switch(index, branches, None)
+    from_before = jax.lax.ppermute(y, axis, [(j, j + 1) for j in range(p - 1)])
+    from_after = jax.lax.ppermute(d_x, axis, [(j + 1, j) for j in range(p - 1)])
+    return (kept, inputs, cotangents, from_before, from_after, grad + d_row,
+            total + value), None
+
+  zeros = jnp.zeros((b, stages.width), stages.dtype)
+  ring = jnp.zeros((p, b, stages.width), stages.dtype)
+  start = jax.lax.pcast((ring, ring, ring, zeros, zeros, jnp.zeros(row.shape, row.dtype),
+                         jnp.zeros((), stages.dtype)), (axis,), to="varying")
+  before = jnp.concatenate([jnp.zeros_like(table[:1]), table[:-1]])  # (IDLE, 0) first
+  (*_, grad, total), _ = jax.lax.scan(slot, start, (table, before))
+  return jax.lax.psum(total, axis), grad
+
+
 def balanced_groups(sizes: Sequence[int], count: int) -> list[range]:
   """`sizes` (the pieces' parameter counts, in order) cut into `count`
   contiguous non-empty groups whose largest total is the smallest possible."""

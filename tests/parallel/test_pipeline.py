@@ -181,3 +181,64 @@ def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, 
   assert memory[0] < memory[1] or algorithm == "bsp", memory
   assert pipelined.figures()["bubble_fraction_ideal"] == pytest.approx(
       (stages - 1) / (4 + stages - 1))
+
+
+@pytest.mark.parametrize("stages_count, microbatches", [(4, 6), (4, 2), (2, 1), (3, 4), (8, 3),
+                                                         (5, 12)])
+def test_the_1f1b_schedule_keeps_p_in_flight_and_gpipes_bubble(stages_count, microbatches):
+  from jaxdl.parallel.pipeline import BACKWARD, FORWARD, IDLE, one_f_one_b
+  p, m = stages_count, microbatches
+  table = one_f_one_b(p, m)
+  assert table.shape == (2 * (m + p - 1), p, 2)
+  for s in range(p):
+    ops = [(int(o), int(i)) for o, i in table[:, s] if o != IDLE]
+    assert sorted(ops) == sorted([(FORWARD, i) for i in range(m)] +
+                                 [(BACKWARD, i) for i in range(m)])
+    in_flight = np.cumsum([1 if o == FORWARD else -1 for o, _ in ops])
+    assert in_flight.max() <= p  # 1F1B's memory: at most p micro-batches' inputs
+  slot = {(int(o), int(i), s): t for t in range(len(table)) for s in range(p)
+          for o, i in [table[t, s]] if o != IDLE}
+  for i in range(m):  # each operation after what it needs
+    for s in range(1, p):
+      assert slot[(FORWARD, i, s)] > slot[(FORWARD, i, s - 1)]
+      assert slot[(BACKWARD, i, s - 1)] > slot[(BACKWARD, i, s)]
+    assert slot[(BACKWARD, i, p - 1)] > slot[(FORWARD, i, p - 1)]
+  # what a stage holds by micro-batch mod p never collides: the activations and
+  # cotangents received and not yet used, and the inputs kept for the backward
+  for s in range(p):
+    for t in range(len(table)):
+      held = {
+          "received": [i for i in range(m) if s > 0 and slot[(FORWARD, i, s - 1)] < t
+                       <= slot[(FORWARD, i, s)]],
+          "cotangents": [i for i in range(m) if s < p - 1 and slot[(BACKWARD, i, s + 1)] < t
+                         <= slot[(BACKWARD, i, s)]],
+          "kept": [i for i in range(m) if slot[(FORWARD, i, s)] < t <= slot[(BACKWARD, i, s)]]}
+      for kind, ids in held.items():
+        assert len({i % p for i in ids}) == len(ids), (kind, s, t, ids)
+
+
+def test_1f1b_gives_one_devices_loss_and_gradients():
+  from jaxdl.parallel.pipeline import one_f_one_b_gradients
+  stages, params = _model()
+  batch, m = 24, 6
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(batch, 4, 4, 2)).astype(np.float32)
+  labels = rng.integers(0, 5, batch)
+  mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+  def local(rows, micro, micro_labels):
+    loss, grad = one_f_one_b_gradients(stages, rows[0], micro, micro_labels,
+                                       lambda out, y: _loss(out, y) / m, AXIS)
+    return loss, grad[None]
+
+  run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS), P(), P()),
+                              out_specs=(P(), P(AXIS))))
+  rows = jax.device_put(stages.rows(params), jax.sharding.NamedSharding(mesh, P(AXIS)))
+  cut = lambda a: a.reshape(m, batch // m, *a.shape[1:])
+  loss, grads = run(rows, cut(x), cut(labels))
+  expected, expected_grads = jax.value_and_grad(
+      lambda p: _loss(stages.sequential(p, x), labels))(params)
+  assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+  for g, e in zip(jax.tree.leaves(stages.params(grads)), jax.tree.leaves(expected_grads)):
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
