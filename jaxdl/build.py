@@ -77,11 +77,10 @@ def build_task(config: RunConfig) -> Task:
   if text:
     return language_model(dataset, name)
   if config.model.parallelism == "pipeline":
-    from jaxdl.parallel.pipeline import pipelined_model
-    model = pipelined_model(name, dataset.num_classes, dataset.image_shape, config.model.stem,
-                            config.model.stages, config.model.microbatches)
-  else:
-    model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
+    from jaxdl.parallel.pipeline import pipeline_task
+    m = config.model
+    return pipeline_task(name, dataset, m.stem, m.stages, m.microbatches, m.pipeline_schedule)
+  model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
   return classification(model, dataset)
 
 

@@ -46,6 +46,8 @@ class ModelConfig:
   """--parallelism pipeline: p, the stages (devices) each worker's model is cut into, balanced by parameter count."""
   microbatches: int = 4
   """--parallelism pipeline: m, the micro-batches each worker's batch is cut into (it must divide the batch size); a stage idles (p - 1) / (m + p - 1) of the time."""
+  pipeline_schedule: str = "gpipe"
+  """--parallelism pipeline: gpipe (every micro-batch's forward, then every backward: activations of m micro-batches kept a stage) or 1f1b (PipeDream-flush: after p - 1 - s forwards, stage s alternates a forward and a backward: at most p micro-batches' inputs kept, each backward recomputing its forward); the same gradients, the same bubble."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,6 +556,7 @@ def resolve(config: RunConfig):
 
 
 PARALLELISMS = ("data", "pipeline")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 PIPELINED_MODELS = ("mlp", "cnn", "vit")
 """The zoo models that are a sequence of stages (no batch norm)."""
 
@@ -567,11 +570,15 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
   if m.parallelism not in PARALLELISMS:
     raise ConfigError("parallelism", m.parallelism, "one of " + ", ".join(PARALLELISMS))
   if m.parallelism == "data":
-    for field, value in (("stages", m.stages), ("microbatches", m.microbatches)):
+    for field, value in (("stages", m.stages), ("microbatches", m.microbatches),
+                         ("pipeline_schedule", m.pipeline_schedule)):
       if value != getattr(ModelConfig, field):
         raise ConfigError(field, value, f"its default ({getattr(ModelConfig, field)}) with "
                           "--parallelism data (it cuts a pipelined model)")
     return
+  if m.pipeline_schedule not in PIPELINE_SCHEDULES:
+    raise ConfigError("pipeline_schedule", m.pipeline_schedule,
+                      "one of " + ", ".join(PIPELINE_SCHEDULES))
   if spec.shape is not Collective or engine != "mesh":
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: a pipeline runs a synchronous algorithm (sgd, bsp, ar_sgd, "

@@ -301,6 +301,10 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
       "--batch-size", "16"], "--microbatches", "a divisor of every worker's batch (16)"),
     (["--algorithm", "bsp", "--stages", "4"], "--stages",
      "its default (2) with --parallelism data"),
+    (["--algorithm", "bsp", "--parallelism", "pipeline", "--pipeline-schedule", "zigzag"],
+     "--pipeline-schedule", "one of gpipe, 1f1b"),
+    (["--algorithm", "bsp", "--pipeline-schedule", "1f1b"], "--pipeline-schedule",
+     "its default (gpipe) with --parallelism data"),
 ])
 def test_a_pipeline_that_cannot_run_is_refused(tmp_path, capsys, args, flag, says):
   out = tmp_path / "run"

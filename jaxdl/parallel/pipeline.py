@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.flatten_util import ravel_pytree
 
 
@@ -318,10 +319,8 @@ def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], ste
   share), it runs its own and the rows' gradient is summed over the stages.
   In evaluation, or outside a stage axis, it runs the stages one after the
   other."""
-  from jaxdl.models import MODELS, Model, resolve_stem
-  stem = resolve_stem(stem, tuple(image_shape))
-  build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
-  stages = model_stages(build, jax.random.key(0), count, image_shape)[0]
+  from jaxdl.models import Model
+  stages, build = _zoo_stages(name, num_classes, image_shape, stem, count)
 
   def init(key):
     return {"stages": stages.rows(model_stages(build, key, count, image_shape)[1])}, {}
@@ -331,11 +330,7 @@ def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], ste
     rows = params["stages"]
     if not train or not _bound(STAGE_AXIS):  # one device runs every stage
       return stages.sequential(stages.params(rows), images), model_state
-    if rows.shape[0] == 1:  # this device's stage's row
-      row = rows[0]
-    else:  # every stage's row on every stage's device (bsp's pull): its own, and
-      # every row's gradient on every device, whole
-      row = _gradient_summed_over_stages(rows)[jax.lax.axis_index(STAGE_AXIS)]
+    row = _own_row(rows)
     b = images.shape[0]
     micro = images.reshape(microbatches, b // microbatches, *images.shape[1:])
     out = gpipe(stages, row, micro, STAGE_AXIS).reshape(b, -1)
@@ -344,6 +339,69 @@ def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], ste
 
   return Model(name=f"{name}/pipeline{count}x{microbatches}", init=init, apply=apply,
                num_classes=num_classes, image_shape=tuple(image_shape))
+
+
+def _zoo_stages(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
+                count: int) -> tuple[Stages, Callable]:
+  """The zoo model `name`'s stages (their structure), and its builder."""
+  from jaxdl.models import MODELS, resolve_stem
+  stem = resolve_stem(stem, tuple(image_shape))
+  build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
+  return model_stages(build, jax.random.key(0), count, image_shape)[0], build
+
+
+def _own_row(rows: jax.Array) -> jax.Array:
+  """This device's stage's row: its block of the rows laid along the stage
+  axis, or, given every stage's row (bsp's pull), its own, every row's
+  gradient then summed over the stages (whole on every device)."""
+  if rows.shape[0] == 1:
+    return rows[0]
+  return _gradient_summed_over_stages(rows)[jax.lax.axis_index(STAGE_AXIS)]
+
+
+def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
+                  schedule: str):
+  """Image classification (jaxdl.task.classification) of the zoo model
+  `name` cut into `count` stages, each batch into `microbatches`, run by
+  `schedule`: "gpipe" (`pipelined_model`'s apply, differentiated), or
+  "1f1b", whose loss and gradient come from `one_f_one_b_gradients` (the
+  loss's gradient is a custom VJP: the algorithm's own step takes it as
+  any other)."""
+  from jaxdl.task import classification
+  model = pipelined_model(name, dataset.num_classes, dataset.image_shape, stem, count,
+                          microbatches)
+  task = classification(model, dataset)
+  if schedule == "gpipe":
+    return task
+  stages = _zoo_stages(name, dataset.num_classes, dataset.image_shape, stem, count)[0]
+  per_example = lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(
+      logits, labels)
+  micro_loss = lambda out, aux: jnp.sum(per_example(out, aux[0]) * aux[1])
+
+  def loss(params, model_state, batch, key, stats=None):
+    if not _bound(STAGE_AXIS):  # one device runs every stage
+      return task.loss(params, model_state, batch, key, stats)
+    cut = lambda a: a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
+    micro, aux = cut(batch["image"]), (cut(batch["label"]), cut(batch["weight"]))
+
+    @jax.custom_vjp
+    def value(row, micro, aux):
+      return one_f_one_b_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS)[0]
+
+    def forward(row, micro, aux):
+      total, grad = one_f_one_b_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS)
+      return total, (grad, micro, aux)
+
+    def backward(saved, cotangent):
+      grad, micro, aux = saved
+      zero = lambda a: (np.zeros(a.shape, jax.dtypes.float0)
+                        if not jnp.issubdtype(a.dtype, jnp.inexact) else jnp.zeros_like(a))
+      return cotangent * grad, zero(micro), jax.tree.map(zero, aux)
+
+    value.defvjp(forward, backward)
+    return value(_own_row(params["stages"]), micro, aux), (model_state, {})
+
+  return dataclasses.replace(task, loss=loss)
 
 
 @jax.custom_vjp

@@ -144,25 +144,27 @@ def test_gpipe_trains_the_vit_as_one_device_does():
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("algorithm, model, stages, extra", [
-    ("ar_sgd", "mlp", 3, {}),
-    ("bsp", "cnn", 4, {}),                                   # stages of different shapes
-    ("local_sgd", "vit", 2, {"communication_period": 2}),
-    ("sgd", "vit", 4, {"optimizer": "adam", "lr": 1e-3}),
+@pytest.mark.parametrize("algorithm, model, stages, schedule, extra", [
+    ("ar_sgd", "mlp", 3, "gpipe", {}),
+    ("bsp", "cnn", 4, "gpipe", {}),                          # stages of different shapes
+    ("local_sgd", "vit", 2, "gpipe", {"communication_period": 2}),
+    ("sgd", "vit", 4, "gpipe", {"optimizer": "adam", "lr": 1e-3}),
+    ("ar_sgd", "vit", 4, "1f1b", {}),
+    ("bsp", "cnn", 3, "1f1b", {}),
 ])
 def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, model, stages,
-                                                                     extra):
+                                                                     schedule, extra):
   """--parallelism pipeline (each worker's model over a row of `stages`
-  devices, 4 micro-batches, GPipe) inside a synchronous algorithm: the same
-  losses step by step, and the same evaluation, as the model whole on one
-  device per worker."""
+  devices, 4 micro-batches, GPipe or 1F1B) inside a synchronous algorithm:
+  the same losses step by step, and the same evaluation, as the model whole
+  on one device per worker."""
   from jaxdl.config import RunConfig
   from tests.helpers import make_engine, train
   workers = 1 if algorithm == "sgd" else 2
   base = dict(algorithm=algorithm, workers=workers, model=model, batch_size=16,
               schedule="constant", **{"optimizer": "sgd", "lr": 0.05, **extra})
   pipelined = make_engine(RunConfig.make(**base, parallelism="pipeline", stages=stages,
-                                         microbatches=4))
+                                         microbatches=4, pipeline_schedule=schedule))
   assert pipelined.mesh.devices.shape == (workers, stages)
   whole = make_engine(RunConfig.make(**base))
   (state, history), (expected_state, expected) = train(pipelined, 6), train(whole, 6)
