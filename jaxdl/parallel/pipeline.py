@@ -87,6 +87,11 @@ class Stages:
       return jnp.pad(y, ((0, 0), (0, self.width - y.shape[1])))
     return run
 
+  def padded(self, micro: jax.Array) -> jax.Array:
+    """Micro-batches (m, b, *input shape) as activation rows (m, b, A)."""
+    flat = micro.reshape(micro.shape[0], micro.shape[1], -1)
+    return jnp.pad(flat, ((0, 0), (0, 0), (0, self.width - flat.shape[2]))).astype(self.dtype)
+
   def sequential(self, params: Sequence[Any], x: jax.Array) -> jax.Array:
     """The stages one after the other on one device: the model's output."""
     for fn, p in zip(self.fns, params):
@@ -101,8 +106,7 @@ def gpipe(stages: Stages, row: jax.Array, micro: jax.Array, axis: str) -> jax.Ar
   the last device, zeros on the others."""
   p, m, b = stages.count, micro.shape[0], micro.shape[1]
   s = jax.lax.axis_index(axis)
-  flat = micro.reshape(m, b, -1)
-  flat = jnp.pad(flat, ((0, 0), (0, 0), (0, stages.width - flat.shape[2]))).astype(stages.dtype)
+  flat = stages.padded(micro)
   branches = [stages._branch(i) for i in range(p)]
   shift = [(i, i + 1) for i in range(p - 1)]
 
@@ -181,8 +185,7 @@ def one_f_one_b_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
   p, m, b = stages.count, micro.shape[0], micro.shape[1]
   s = jax.lax.axis_index(axis)
   table = jnp.asarray(one_f_one_b(p, m))
-  flat = micro.reshape(m, b, -1)
-  flat = jnp.pad(flat, ((0, 0), (0, 0), (0, stages.width - flat.shape[2]))).astype(stages.dtype)
+  flat = stages.padded(micro)
   forward = [stages._branch(i) for i in range(p)]
   out_size = math.prod(stages.shapes[-1])
 
@@ -307,9 +310,10 @@ STAGE_AXIS = "stages"
 
 
 def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
-                    count: int, microbatches: int):
+                    count: int, microbatches: int, zoo=None):
   """The zoo model `name` as a `jaxdl.models.Model` whose parameters are its
-  `count` stages' rows ({"stages": (count, L)}). In training its apply runs
+  `count` stages' rows ({"stages": (count, L)}; `zoo`: its `_zoo_stages`,
+  if made already). In training its apply runs
   GPipe over `microbatches` micro-batches of the batch, inside shard_map
   over STAGE_AXIS (the mesh engine's pipeline); every stage's device gets
   the last stage's logits, their gradient counted once, on the last stage.
@@ -320,7 +324,7 @@ def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], ste
   In evaluation, or outside a stage axis, it runs the stages one after the
   other."""
   from jaxdl.models import Model
-  stages, build = _zoo_stages(name, num_classes, image_shape, stem, count)
+  stages, build = zoo or _zoo_stages(name, num_classes, image_shape, stem, count)
 
   def init(key):
     return {"stages": stages.rows(model_stages(build, key, count, image_shape)[1])}, {}
@@ -368,12 +372,12 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
   loss's gradient is a custom VJP: the algorithm's own step takes it as
   any other)."""
   from jaxdl.task import classification
-  model = pipelined_model(name, dataset.num_classes, dataset.image_shape, stem, count,
-                          microbatches)
-  task = classification(model, dataset)
+  zoo = _zoo_stages(name, dataset.num_classes, dataset.image_shape, stem, count)
+  task = classification(pipelined_model(name, dataset.num_classes, dataset.image_shape, stem,
+                                        count, microbatches, zoo), dataset)
   if schedule == "gpipe":
     return task
-  stages = _zoo_stages(name, dataset.num_classes, dataset.image_shape, stem, count)[0]
+  stages = zoo[0]
   per_example = lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(
       logits, labels)
   micro_loss = lambda out, aux: jnp.sum(per_example(out, aux[0]) * aux[1])
