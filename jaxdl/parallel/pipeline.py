@@ -1,14 +1,16 @@
 """Pipeline parallelism: a model's stages on the devices of a stage axis.
 
 A model split into p stages, stage s a function `fn_s(params_s, x) -> y` of
-its own parameters, runs with stage s on device s of a mesh axis: each
-global batch is cut into m micro-batches, and at tick t = 0 .. m + p - 2
-stage s works on micro-batch t - s (when there is one), then hands its
-output to stage s + 1 (`lax.ppermute`). That is GPipe's forward; its
-backward, reverse-mode differentiation of the same ticks, runs the ticks
-in reverse, ppermute's transpose handing each stage's cotangents back to
-the stage before. A stage idles (a "bubble") in (p - 1) of its m + p - 1
-ticks.
+its own parameters, runs with stage s on device s of a mesh axis; each
+global batch is cut into m micro-batches. A schedule (`schedule`: GPipe, or
+1F1B) says what each stage does in each slot: a forward of a micro-batch
+(its output handed to the next stage, `lax.ppermute`), a backward (its
+input's cotangent handed to the stage before; the last stage's starts from
+the micro-batch's loss), or nothing (the bubble: (p - 1) of m + p - 1). One
+executor runs any schedule (`scheduled_gradients`), a backward recomputing
+its stage's forward from the input kept at the forward; the loss's gradient
+it returns is a custom VJP, so an algorithm differentiates the loss as any
+other (`pipeline_task`).
 
 Stages may differ in shape (a ResNet's, a VGG's): every device holds its
 stage's parameters as one row of a (p, L) array (raveled, zero padded to
@@ -99,50 +101,28 @@ class Stages:
     return x
 
 
-def gpipe(stages: Stages, row: jax.Array, micro: jax.Array, axis: str) -> jax.Array:
-  """The GPipe forward of micro-batches `micro` (m, b, *input shape) through
-  the stages, inside `shard_map` over `axis` (p devices, device s holding
-  stage s's `row` of L): the last stage's outputs (m, b, *output shape) on
-  the last device, zeros on the others."""
-  p, m, b = stages.count, micro.shape[0], micro.shape[1]
-  s = jax.lax.axis_index(axis)
-  flat = stages.padded(micro)
-  branches = [stages._branch(i) for i in range(p)]
-  shift = [(i, i + 1) for i in range(p - 1)]
-
-  def tick(carry, t):
-    incoming, outputs = carry
-    x = jnp.where(s == 0, flat[jnp.clip(t, 0, m - 1)], incoming)
-    y = jax.lax.switch(s, branches, row, x)
-    done = t - (p - 1)  # the micro-batch the last stage finishes now
-    keep = (s == p - 1) & (done >= 0)
-    outputs = outputs.at[jnp.clip(done, 0, m - 1)].set(
-        jnp.where(keep, y, outputs[jnp.clip(done, 0, m - 1)]))
-    return (jax.lax.ppermute(y, axis, shift), outputs), None
-
-  # the carry differs from device to device (shard_map's "varying" values)
-  start = jax.lax.pcast((jnp.zeros((b, stages.width), stages.dtype),
-                         jnp.zeros((m, b, stages.width), stages.dtype)), (axis,), to="varying")
-  (_, outputs), _ = jax.lax.scan(tick, start, jnp.arange(m + p - 1))
-  out_shape = stages.shapes[-1]
-  return outputs[:, :, :math.prod(out_shape)].reshape(m, b, *out_shape)
-
-
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
 
-def one_f_one_b(stages: int, microbatches: int) -> np.ndarray:
-  """1F1B's (PipeDream-flush) slots: (T, p, 2) int, [t, s] = (what stage s
-  does in slot t: IDLE, FORWARD or BACKWARD, of which micro-batch). Stage s
-  takes min(p - 1 - s, m) forwards, then alternates a forward and a
-  backward, then the backwards left; an operation waits for what it needs
-  (the stage before's forward, the stage after's backward) from an earlier
-  slot. T = 2 (m + p - 1): GPipe's bubble, with at most p micro-batches in
-  flight at a stage instead of m."""
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def schedule(kind: str, stages: int, microbatches: int) -> np.ndarray:
+  """A pipeline schedule's slots: (T, p, 2) int, [t, s] = (what stage s does
+  in slot t: IDLE, FORWARD or BACKWARD, of which micro-batch).
+
+  gpipe: every stage takes all m forwards, then all m backwards (m
+  micro-batches' inputs kept a stage). 1f1b (PipeDream-flush): stage s takes
+  min(p - 1 - s, m) forwards, then alternates a forward and a backward, then
+  the backwards left (at most p kept). An operation waits for what it needs
+  (the stage before's forward, the stage after's backward, its own forward)
+  from an earlier slot. Both take T = 2 (m + p - 1) slots: the same bubble."""
+  if kind not in SCHEDULES:
+    raise ValueError(f"schedule {kind!r}: one of {', '.join(SCHEDULES)}")
   p, m = stages, microbatches
   orders = []
   for s in range(p):
-    warm = min(p - 1 - s, m)
+    warm = m if kind == "gpipe" else min(p - 1 - s, m)
     order = [(FORWARD, i) for i in range(warm)]
     for i in range(m - warm):
       order += [(FORWARD, warm + i), (BACKWARD, i)]
@@ -172,19 +152,42 @@ def one_f_one_b(stages: int, microbatches: int) -> np.ndarray:
   return np.asarray(slots, np.int32)
 
 
-def one_f_one_b_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
-                          loss: Callable, axis: str) -> tuple[jax.Array, jax.Array]:
+def held(table: np.ndarray) -> int:
+  """The most micro-batches a stage holds at once in a schedule: inputs kept
+  from a forward to its backward, activations and cotangents received and
+  not yet used. Each is a run of consecutive micro-batches, so buffers of
+  this many rows, indexed by micro-batch mod it, never collide."""
+  p = table.shape[1]
+  slot = {(int(o), int(i), s): t for t in range(len(table)) for s in range(p)
+          for o, i in [table[t, s]] if o != IDLE}
+  m = max(i for _, i, _ in slot) + 1
+  spans = []
+  for s in range(p):
+    for i in range(m):
+      spans.append((s, 0, slot[(FORWARD, i, s)], slot[(BACKWARD, i, s)]))
+      if s > 0:
+        spans.append((s, 1, slot[(FORWARD, i, s - 1)], slot[(FORWARD, i, s)]))
+      if s < p - 1:
+        spans.append((s, 2, slot[(BACKWARD, i, s + 1)], slot[(BACKWARD, i, s)]))
+  return max(sum(1 for s2, k2, a, b in spans if (s2, k2) == (s, k) and a < t <= b)
+             for s, k, _, _ in spans for t in range(len(table)))
+
+
+def scheduled_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
+                        loss: Callable, axis: str, kind: str = "1f1b"
+                        ) -> tuple[jax.Array, jax.Array]:
   """The loss summed over micro-batches `micro` (m, b, *input shape) and its
-  gradient with respect to this device's stage `row`, by the 1F1B schedule
-  (`one_f_one_b`), inside `shard_map` over `axis`: (the loss on every
-  device, this stage's row's gradient). `loss(outputs, aux_i)`: a
-  micro-batch's loss from the last stage's outputs and its `aux` (a pytree
-  of (m, ...) arrays: labels, weights). A backward recomputes its stage's
-  forward from the input kept at the forward (p inputs at most a stage);
-  what a neighbour sends is kept by micro-batch until its stage uses it."""
+  gradient with respect to this device's stage `row`, by the schedule `kind`
+  (`schedule`), inside `shard_map` over `axis`: (the loss on every device,
+  this stage's row's gradient). `loss(outputs, aux_i)`: a micro-batch's loss
+  from the last stage's outputs and its `aux` (a pytree of (m, ...) arrays:
+  labels, weights). A backward recomputes its stage's forward from the input
+  kept at the forward; what a neighbour sends is kept by micro-batch until
+  its stage uses it (`held` rows of each)."""
   p, m, b = stages.count, micro.shape[0], micro.shape[1]
   s = jax.lax.axis_index(axis)
-  table = jnp.asarray(one_f_one_b(p, m))
+  slots = schedule(kind, p, m)
+  table, k = jnp.asarray(slots), held(slots)
   flat = stages.padded(micro)
   forward = [stages._branch(i) for i in range(p)]
   out_size = math.prod(stages.shapes[-1])
@@ -198,39 +201,39 @@ def one_f_one_b_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
     kept, inputs, cotangents, from_before, from_after, grad, total = carry
     ops, before = slots  # this slot's operations, and the slot before's
     # what the neighbours sent in the slot before, kept by micro-batch until used
-    sent = lambda k, kind: (k >= 0) & (k < p) & (before[jnp.clip(k, 0, p - 1), 0] == kind)
-    which = lambda k: before[jnp.clip(k, 0, p - 1), 1] % p
+    sent = lambda j, op: (j >= 0) & (j < p) & (before[jnp.clip(j, 0, p - 1), 0] == op)
+    which = lambda j: before[jnp.clip(j, 0, p - 1), 1] % k
     inputs = jnp.where(sent(s - 1, FORWARD), inputs.at[which(s - 1)].set(from_before), inputs)
     cotangents = jnp.where(sent(s + 1, BACKWARD),
                            cotangents.at[which(s + 1)].set(from_after), cotangents)
     op, i = ops[s, 0], ops[s, 1]
-    x = jnp.where(s == 0, flat[i], inputs[i % p])  # a forward's input
+    x = jnp.where(s == 0, flat[i], inputs[i % k])  # a forward's input
 
     nothing = jnp.zeros_like(total)  # (of total's type: differing among devices)
 
     def idle(_):
       return kept, jnp.zeros_like(x), jnp.zeros_like(x), jnp.zeros_like(row), nothing
 
-    def run_forward(k):
+    def run_forward(stage):
       def go(_):
-        return kept.at[i % p].set(x), forward[k](row, x), jnp.zeros_like(x), \
+        return kept.at[i % k].set(x), forward[stage](row, x), jnp.zeros_like(x), \
             jnp.zeros_like(row), nothing
       return go
 
-    def run_backward(k):
+    def run_backward(stage):
       def go(_):
-        saved = kept[i % p]
-        if k == p - 1:
+        saved = kept[i % k]
+        if stage == p - 1:
           value, pull = jax.vjp(lambda r, a: last_loss(r, a, i), row, saved)
           d_row, d_x = pull(jnp.ones_like(value))
         else:
           value = nothing
-          _, pull = jax.vjp(forward[k], row, saved)
-          d_row, d_x = pull(cotangents[i % p])
+          _, pull = jax.vjp(forward[stage], row, saved)
+          d_row, d_x = pull(cotangents[i % k])
         return kept, jnp.zeros_like(x), d_x, d_row, value
       return go
 
-    branches = [idle] + [run_forward(k) for k in range(p)] + [run_backward(k) for k in range(p)]
+    branches = [idle] + [run_forward(j) for j in range(p)] + [run_backward(j) for j in range(p)]
     index = jnp.where(op == FORWARD, 1 + s, jnp.where(op == BACKWARD, 1 + p + s, 0))
     kept, y, d_x, d_row, value = jax.lax.switch(index, branches, None)
     from_before = jax.lax.ppermute(y, axis, [(j, j + 1) for j in range(p - 1)])
@@ -239,7 +242,7 @@ def one_f_one_b_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
             total + value), None
 
   zeros = jnp.zeros((b, stages.width), stages.dtype)
-  ring = jnp.zeros((p, b, stages.width), stages.dtype)
+  ring = jnp.zeros((k, b, stages.width), stages.dtype)
   start = jax.lax.pcast((ring, ring, ring, zeros, zeros, jnp.zeros(row.shape, row.dtype),
                          jnp.zeros((), stages.dtype)), (axis,), to="varying")
   before = jnp.concatenate([jnp.zeros_like(table[:1]), table[:-1]])  # (IDLE, 0) first
@@ -310,19 +313,11 @@ STAGE_AXIS = "stages"
 
 
 def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
-                    count: int, microbatches: int, zoo=None):
+                    count: int, zoo=None):
   """The zoo model `name` as a `jaxdl.models.Model` whose parameters are its
-  `count` stages' rows ({"stages": (count, L)}; `zoo`: its `_zoo_stages`,
-  if made already). In training its apply runs
-  GPipe over `microbatches` micro-batches of the batch, inside shard_map
-  over STAGE_AXIS (the mesh engine's pipeline); every stage's device gets
-  the last stage's logits, their gradient counted once, on the last stage.
-  A device holds its stage's row alone where the algorithm's state is laid
-  along the stage axis (ar_sgd, local_sgd, sgd: the mesh engine's layout);
-  given every row (bsp's pull from its server, whose slices the stages
-  share), it runs its own and the rows' gradient is summed over the stages.
-  In evaluation, or outside a stage axis, it runs the stages one after the
-  other."""
+  `count` stages' rows ({"stages": (count, L)}; `zoo`: its `_zoo_stages`, if
+  made already), applied as the stages one after the other (evaluation;
+  training goes through `pipeline_task`'s loss)."""
   from jaxdl.models import Model
   stages, build = zoo or _zoo_stages(name, num_classes, image_shape, stem, count)
 
@@ -330,18 +325,10 @@ def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], ste
     return {"stages": stages.rows(model_stages(build, key, count, image_shape)[1])}, {}
 
   def apply(params, model_state, images, train, stats=None):
-    del stats  # no batch norm in a pipelined model
-    rows = params["stages"]
-    if not train or not _bound(STAGE_AXIS):  # one device runs every stage
-      return stages.sequential(stages.params(rows), images), model_state
-    row = _own_row(rows)
-    b = images.shape[0]
-    micro = images.reshape(microbatches, b // microbatches, *images.shape[1:])
-    out = gpipe(stages, row, micro, STAGE_AXIS).reshape(b, -1)
-    # the last stage's logits on every stage; the gradient through the last's alone
-    return out + jax.lax.stop_gradient(jax.lax.psum(out, STAGE_AXIS) - out), model_state
+    del train, stats  # no batch norm, no dropout in a pipelined model
+    return stages.sequential(stages.params(params["stages"]), images), model_state
 
-  return Model(name=f"{name}/pipeline{count}x{microbatches}", init=init, apply=apply,
+  return Model(name=f"{name}/pipeline{count}", init=init, apply=apply,
                num_classes=num_classes, image_shape=tuple(image_shape))
 
 
@@ -364,19 +351,16 @@ def _own_row(rows: jax.Array) -> jax.Array:
 
 
 def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
-                  schedule: str):
+                  kind: str):
   """Image classification (jaxdl.task.classification) of the zoo model
-  `name` cut into `count` stages, each batch into `microbatches`, run by
-  `schedule`: "gpipe" (`pipelined_model`'s apply, differentiated), or
-  "1f1b", whose loss and gradient come from `one_f_one_b_gradients` (the
-  loss's gradient is a custom VJP: the algorithm's own step takes it as
-  any other)."""
+  `name` cut into `count` stages, each batch into `microbatches`, trained by
+  the schedule `kind` ("gpipe" or "1f1b"): its loss and gradient come from
+  `scheduled_gradients` (the loss's gradient is a custom VJP: the
+  algorithm's own step takes it as any other)."""
   from jaxdl.task import classification
   zoo = _zoo_stages(name, dataset.num_classes, dataset.image_shape, stem, count)
   task = classification(pipelined_model(name, dataset.num_classes, dataset.image_shape, stem,
-                                        count, microbatches, zoo), dataset)
-  if schedule == "gpipe":
-    return task
+                                        count, zoo), dataset)
   stages = zoo[0]
   per_example = lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(
       logits, labels)
@@ -390,10 +374,11 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
 
     @jax.custom_vjp
     def value(row, micro, aux):
-      return one_f_one_b_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS)[0]
+      return scheduled_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS, kind)[0]
 
     def forward(row, micro, aux):
-      total, grad = one_f_one_b_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS)
+      total, grad = scheduled_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS,
+                                        kind)
       return total, (grad, micro, aux)
 
     def backward(saved, cotangent):

@@ -1,6 +1,6 @@
-"""GPipe over a stage axis (jaxdl.parallel.pipeline): the same loss and
-gradients as the stages run one after the other on one device, for stages
-of different shapes, on 4 forced CPU devices."""
+"""Pipeline schedules over a stage axis (jaxdl.parallel.pipeline): the same
+loss and gradients as the stages run one after the other on one device, for
+stages of different shapes, on forced CPU devices."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +8,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxdl.parallel.pipeline import Stages, bubble_fraction, gpipe
+from jaxdl.parallel.pipeline import Stages, bubble_fraction, scheduled_gradients
 
 AXIS = "stages"
 
@@ -42,31 +42,38 @@ def _loss(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-@pytest.mark.parametrize("microbatches", [1, 4, 6])
-def test_gpipe_gives_one_devices_loss_and_gradients(microbatches):
-  stages, params = _model()
-  assert stages.shapes == ((4, 4, 2), (4, 4, 3), (20,), (7,), (5,)) and stages.width == 48
-  batch = 24
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(batch, 4, 4, 2)).astype(np.float32)
-  labels = rng.integers(0, 5, batch)
-  mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4],
+def _scheduled(stages, params, x, labels, microbatches, kind):
+  """(loss, gradients) of the stages' mean cross-entropy by the schedule
+  `kind` on as many devices as stages."""
+  p, batch = stages.count, len(labels)
+  mesh = jax.make_mesh((p,), (AXIS,), devices=jax.devices()[:p],
                        axis_types=(jax.sharding.AxisType.Auto,))
 
-  def local(rows, micro, micro_labels):  # one device's stage
-    out = gpipe(stages, rows[0], micro, AXIS)
-    last = jax.lax.axis_index(AXIS) == stages.count - 1
-    return jax.lax.psum(jnp.where(last, _loss(out, micro_labels), 0.0), AXIS)
+  def local(rows, micro, micro_labels):
+    loss, grad = scheduled_gradients(stages, rows[0], micro, micro_labels,
+                                     lambda out, y: _loss(out, y) / microbatches, AXIS, kind)
+    return loss, grad[None]
 
-  pipelined = jax.jit(jax.value_and_grad(jax.shard_map(
-      local, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=P())))
-  cut = lambda a: a.reshape(microbatches, batch // microbatches, *a.shape[1:])
+  run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS), P(), P()),
+                              out_specs=(P(), P(AXIS))))
   rows = jax.device_put(stages.rows(params), jax.sharding.NamedSharding(mesh, P(AXIS)))
-  loss, grads = pipelined(rows, cut(x), cut(labels))
+  cut = lambda a: a.reshape(microbatches, batch // microbatches, *a.shape[1:])
+  loss, grads = run(rows, cut(x), cut(labels))
+  return loss, stages.params(grads), grads
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("microbatches", [1, 4, 6])
+def test_a_schedule_gives_one_devices_loss_and_gradients(kind, microbatches):
+  stages, params = _model()
+  assert stages.shapes == ((4, 4, 2), (4, 4, 3), (20,), (7,), (5,)) and stages.width == 48
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(24, 4, 4, 2)).astype(np.float32)
+  labels = rng.integers(0, 5, 24)
+  loss, got, grads = _scheduled(stages, params, x, labels, microbatches, kind)
   expected, expected_grads = jax.value_and_grad(
       lambda p: _loss(stages.sequential(p, x), labels))(params)
   assert float(loss) == pytest.approx(float(expected), rel=1e-6)
-  got = stages.params(grads)
   for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected_grads)):
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
   # the padding of a stage's row has no gradient
@@ -118,29 +125,18 @@ def test_a_zoo_model_cut_into_stages_is_the_same_model(name, image_shape, count)
   np.testing.assert_allclose(stages.sequential(params, x), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_gpipe_trains_the_vit_as_one_device_does():
+def test_a_schedule_trains_the_vit_as_one_device_does():
   """The ViT in 4 stages (patch embedding + block, two blocks, block + head)
   on 4 devices, 4 micro-batches: one device's loss and gradients."""
   stages, params, _, _ = _zoo("vit", (8, 8, 1), 4)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(16, 8, 8, 1)).astype(np.float32)
   labels = rng.integers(0, 10, 16)
-  mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4],
-                       axis_types=(jax.sharding.AxisType.Auto,))
-
-  def local(rows, micro, micro_labels):
-    out = gpipe(stages, rows[0], micro, AXIS)
-    last = jax.lax.axis_index(AXIS) == stages.count - 1
-    return jax.lax.psum(jnp.where(last, _loss(out, micro_labels), 0.0), AXIS)
-
-  pipelined = jax.jit(jax.value_and_grad(jax.shard_map(
-      local, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=P())))
-  rows = jax.device_put(stages.rows(params), jax.sharding.NamedSharding(mesh, P(AXIS)))
-  loss, grads = pipelined(rows, x.reshape(4, 4, 8, 8, 1), labels.reshape(4, 4))
+  loss, got, _ = _scheduled(stages, params, x, labels, 4, "gpipe")
   expected, expected_grads = jax.value_and_grad(
       lambda p: _loss(stages.sequential(p, x), labels))(params)
   assert float(loss) == pytest.approx(float(expected), rel=1e-6)
-  for g, e in zip(jax.tree.leaves(stages.params(grads)), jax.tree.leaves(expected_grads)):
+  for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected_grads)):
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
 
 
@@ -185,19 +181,22 @@ def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, 
       (stages - 1) / (4 + stages - 1))
 
 
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages_count, microbatches", [(4, 6), (4, 2), (2, 1), (3, 4), (8, 3),
                                                          (5, 12)])
-def test_the_1f1b_schedule_keeps_p_in_flight_and_gpipes_bubble(stages_count, microbatches):
-  from jaxdl.parallel.pipeline import BACKWARD, FORWARD, IDLE, one_f_one_b
+def test_a_schedule_orders_every_operation_after_what_it_needs(kind, stages_count, microbatches):
+  """2 (m + p - 1) slots for both (the same bubble); 1F1B keeps at most p
+  micro-batches' inputs a stage, GPipe m."""
+  from jaxdl.parallel.pipeline import BACKWARD, FORWARD, IDLE, held, schedule
   p, m = stages_count, microbatches
-  table = one_f_one_b(p, m)
+  table = schedule(kind, p, m)
   assert table.shape == (2 * (m + p - 1), p, 2)
   for s in range(p):
     ops = [(int(o), int(i)) for o, i in table[:, s] if o != IDLE]
     assert sorted(ops) == sorted([(FORWARD, i) for i in range(m)] +
                                  [(BACKWARD, i) for i in range(m)])
     in_flight = np.cumsum([1 if o == FORWARD else -1 for o, _ in ops])
-    assert in_flight.max() <= p  # 1F1B's memory: at most p micro-batches' inputs
+    assert in_flight.max() == (min(p - s, m) if kind == "1f1b" else m)
   slot = {(int(o), int(i), s): t for t in range(len(table)) for s in range(p)
           for o, i in [table[t, s]] if o != IDLE}
   for i in range(m):  # each operation after what it needs
@@ -209,38 +208,12 @@ def test_the_1f1b_schedule_keeps_p_in_flight_and_gpipes_bubble(stages_count, mic
   # cotangents received and not yet used, and the inputs kept for the backward
   for s in range(p):
     for t in range(len(table)):
-      held = {
+      holding = {
           "received": [i for i in range(m) if s > 0 and slot[(FORWARD, i, s - 1)] < t
                        <= slot[(FORWARD, i, s)]],
           "cotangents": [i for i in range(m) if s < p - 1 and slot[(BACKWARD, i, s + 1)] < t
                          <= slot[(BACKWARD, i, s)]],
           "kept": [i for i in range(m) if slot[(FORWARD, i, s)] < t <= slot[(BACKWARD, i, s)]]}
-      for kind, ids in held.items():
-        assert len({i % p for i in ids}) == len(ids), (kind, s, t, ids)
-
-
-def test_1f1b_gives_one_devices_loss_and_gradients():
-  from jaxdl.parallel.pipeline import one_f_one_b_gradients
-  stages, params = _model()
-  batch, m = 24, 6
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(batch, 4, 4, 2)).astype(np.float32)
-  labels = rng.integers(0, 5, batch)
-  mesh = jax.make_mesh((4,), (AXIS,), devices=jax.devices()[:4],
-                       axis_types=(jax.sharding.AxisType.Auto,))
-
-  def local(rows, micro, micro_labels):
-    loss, grad = one_f_one_b_gradients(stages, rows[0], micro, micro_labels,
-                                       lambda out, y: _loss(out, y) / m, AXIS)
-    return loss, grad[None]
-
-  run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS), P(), P()),
-                              out_specs=(P(), P(AXIS))))
-  rows = jax.device_put(stages.rows(params), jax.sharding.NamedSharding(mesh, P(AXIS)))
-  cut = lambda a: a.reshape(m, batch // m, *a.shape[1:])
-  loss, grads = run(rows, cut(x), cut(labels))
-  expected, expected_grads = jax.value_and_grad(
-      lambda p: _loss(stages.sequential(p, x), labels))(params)
-  assert float(loss) == pytest.approx(float(expected), rel=1e-6)
-  for g, e in zip(jax.tree.leaves(stages.params(grads)), jax.tree.leaves(expected_grads)):
-    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
+      for what, ids in holding.items():  # consecutive: distinct mod held's rows
+        assert ids == list(range(ids[0], ids[0] + len(ids))) if ids else True
+        assert len(ids) <= held(table), (what, s, t, ids)
