@@ -47,7 +47,7 @@ class ModelConfig:
   microbatches: int = 4
   """--parallelism pipeline: m, the micro-batches each worker's batch is cut into (it must divide the batch size); a stage idles (p - 1) / (m + p - 1) of the time."""
   pipeline_schedule: str = "gpipe"
-  """--parallelism pipeline: gpipe (every micro-batch's forward, then every backward: activations of m micro-batches kept a stage) or 1f1b (PipeDream-flush: after p - 1 - s forwards, stage s alternates a forward and a backward: at most p micro-batches' inputs kept, each backward recomputing its forward); the same gradients, the same bubble."""
+  """--parallelism pipeline: gpipe (every micro-batch's forward, then every backward: the inputs of m micro-batches kept a stage) or 1f1b (PipeDream-flush: after p - 1 - s forwards, stage s alternates a forward and a backward: at most p kept); the same gradients, the same bubble (a backward recomputes its stage's forward from the kept input)."""
 
 
 @dataclasses.dataclass(frozen=True)
