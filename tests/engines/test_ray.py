@@ -125,9 +125,12 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
     own = [(e.iteration, order.index(e.kind)) for e in events
            if e.worker == w and e.kind in order]
     assert own == sorted(own) and len(own) == len(set(own))
-    if name == "ad_psgd":  # one average per iteration, with another worker
+    if name == "ad_psgd":  # one average per iteration, with another worker, then its apply
       assert all(e.peer not in (w, -1) for e in events if e.worker == w and e.kind == "average")
-      assert [i for i, k in own if k == 1] == [i for i, k in own if k == 2]
+      averages, applies = [i for i, k in own if k == 1], [i for i, k in own if k == 2]
+      # (a worker's last average may have no apply: the others' applies spent
+      # the budget in between, and the run was over)
+      assert averages[:len(applies)] == applies and len(averages) - len(applies) in (0, 1)
     elif name == "gosgd":  # a message after a local step, to another worker, merged once
       sent = [(e.iteration, e.peer) for e in events if e.worker == w and e.kind == "send"]
       assert all(("local", i) in {(e.kind, e.iteration) for e in events if e.worker == w}
