@@ -602,10 +602,11 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
   import jax
   needed, have = config.algorithm.workers * m.stages, len(jax.devices())
   if needed > have:
-    raise ConfigError("stages", m.stages, f"at most {have // config.algorithm.workers}: "
-                      f"{config.algorithm.workers} workers x {m.stages} stages need {needed} "
-                      f"devices, and this process has {have} (on a CPU, XLA_FLAGS="
-                      "--xla_force_host_platform_device_count=N makes N)")
+    most = have // config.algorithm.workers
+    allowed = f"at most {most}" if most >= 2 else "2 or more devices a worker"
+    raise ConfigError("stages", m.stages, f"{allowed}: {config.algorithm.workers} workers x "
+                      f"{m.stages} stages need {needed} devices, and this process has {have} "
+                      "(on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
 
 
 def batch_sizes(config: RunConfig) -> tuple[int, ...]:

@@ -297,6 +297,9 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
      "an integer >= 2"),
     (["--algorithm", "bsp", "--parallelism", "pipeline", "--stages", "5"], "--stages",
      "at most 4: 2 workers x 5 stages need 10 devices"),
+    (["--algorithm", "bsp", "--workers", "5", "--parallelism", "pipeline"], "--stages",
+     "2 or more devices a worker: 5 workers x 2 stages need 10 devices, and this process "
+     "has 8"),
     (["--algorithm", "bsp", "--parallelism", "pipeline", "--microbatches", "5",
       "--batch-size", "16"], "--microbatches", "a divisor of every worker's batch (16)"),
     (["--algorithm", "bsp", "--stages", "4"], "--stages",
