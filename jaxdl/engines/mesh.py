@@ -92,7 +92,7 @@ class MeshEngine(base.LocalProcess):
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
     # A pipelined model's stage rows (and the optimizer state shaped like
     # them) lie along the stage axis, a row per device; the rest is replicated.
-    rows = jax.eval_shape(problem.task.init, key)[0]["stages"].shape if p > 1 else None
+    rows = p > 1 and jax.eval_shape(problem.task.init, key)[0]["stages"].shape
     staged = lambda x: x.shape == rows
     self._specs = jax.tree.map(
         lambda x: P((DEVICE_AXIS, STAGE_AXIS)) if staged(x) else P(DEVICE_AXIS),
@@ -217,9 +217,8 @@ class MeshEngine(base.LocalProcess):
                            devices=self.mesh.devices.size,
                            workers_per_device=self.axis.local_size,
                            processes=jax.process_count())
-    # (the compile is the persistent cache's, once the run's step is there)
-    memory = (None if self._arguments is None else
-              self.jitted_step.lower(*self._arguments).compile().memory_analysis())
+    memory = self._arguments and self.jitted_step.lower(*self._arguments).compile(
+        ).memory_analysis()  # (its compile is the persistent cache's, once the run's is there)
     if memory is not None:  # one device's share of the step's program
       figures["memory_per_device_bytes"] = {
           "arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,
