@@ -32,7 +32,8 @@ from typing import Any, Iterable
 
 from jaxdl import labels, rundir
 from jaxdl.cluster import is_profile
-from jaxdl.config import EMULATED, RUN_CONTROL_FIELDS, SIMULATED_ONLY, RunConfig
+from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
+                          RunConfig)
 from jaxdl.errors import ConfigError, flag
 
 GRID_FILE, CELLS_FILE = "grid.json", "cells.json"
@@ -331,7 +332,7 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
         raise ConfigError(field, value, allowed)
     # (the real engines emulate the compute times of a grid of synchronous algorithms)
     from jaxdl.algorithms import ALGORITHMS, Collective
-    emulated = EMULATED if engine in ("mesh", "ray") and all(
+    emulated = EMULATED if engine in EMULATING_ENGINES and all(
         ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants) else ()
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run
                                   if k not in SIMULATED_ONLY or k in run_flags or k in emulated))

@@ -390,6 +390,9 @@ def _positive(field: str, value: float | int | None, *, allow_none=False, zero=F
 # The simulated cluster's settings: a run on real devices has none of them.
 SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
                   "straggler_prob", "straggler_slowdown")
+EMULATING_ENGINES = ("mesh", "ray")
+"""The engines on real devices where a synchronous algorithm's workers may
+run programs of their own, slowed to the EMULATED settings."""
 EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
 """Those that the real engines (mesh, ray) emulate for a synchronous
 algorithm: each worker sleeps until its batch has taken the modelled time
@@ -501,13 +504,15 @@ def resolve(config: RunConfig):
     raise ConfigError("servers", config.cluster.servers,
                       f"1 with --engine ray for {spec.name}, whose center is one actor "
                       "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
-  emulated = EMULATED if engine in ("mesh", "ray") and spec.shape is Collective else ()
+  # a synchronous algorithm's workers may run programs of their own (jaxdl.engines.split)
+  own_programs = engine in EMULATING_ENGINES and spec.shape is Collective
+  emulated = EMULATED if own_programs else ()
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
       if value != default and field not in emulated:
         also = (f", which --engine {engine} emulates only for a synchronous algorithm (sgd, "
-                "bsp, ar_sgd, local_sgd)" if field in EMULATED and engine in ("mesh", "ray")
+                "bsp, ar_sgd, local_sgd)" if field in EMULATED and engine in EMULATING_ENGINES
                 else "")
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
@@ -524,7 +529,6 @@ def resolve(config: RunConfig):
       raise ConfigError("partition", config.cluster.partition,
                         f"static for {spec.name}: proportional and adaptive split a synchronous "
                         "step's global batch (sgd, bsp, ar_sgd, local_sgd)")
-  own_programs = engine in ("mesh", "ray") and spec.shape is Collective
   if config.distributed.reduce not in ("host", "device"):
     raise ConfigError("reduce", config.distributed.reduce, "host or device")
   if config.distributed.reduce != "host" and not (own_programs and split_workers(config)):
@@ -532,14 +536,13 @@ def resolve(config: RunConfig):
                       "its own program: a synchronous algorithm on --engine mesh or ray with "
                       "--partition proportional or adaptive, --compute-time or "
                       "--worker-devices")
-  if config.distributed.worker_devices is not None and not (
-      engine == "mesh" and spec.shape is Collective):
-    raise ConfigError("worker_devices", config.distributed.worker_devices,
-                      f"left unset for {spec.name} with --engine {engine}: it places a "
-                      "synchronous algorithm's workers on --engine mesh (ray's workers are "
-                      "processes, each on its own devices)")
-  if config.distributed.worker_devices is not None:  # each names a device of this process
-    from jaxdl.distributed import worker_devices
+  if config.distributed.worker_devices is not None:
+    if not (engine == "mesh" and spec.shape is Collective):
+      raise ConfigError("worker_devices", config.distributed.worker_devices,
+                        f"left unset for {spec.name} with --engine {engine}: it places a "
+                        "synchronous algorithm's workers on --engine mesh (ray's workers are "
+                        "processes, each on its own devices)")
+    from jaxdl.distributed import worker_devices  # each names a device of this process
     worker_devices(config.distributed.worker_devices, cfg.workers)
   if config.distributed.pin_workers and engine != "ray" and not config.output.replay:
     # (a replay keeps the recorded ray run's config, this flag included)
@@ -556,7 +559,6 @@ def resolve(config: RunConfig):
 
 
 PARALLELISMS = ("data", "pipeline")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 PIPELINED_MODELS = ("mlp", "cnn", "vit")
 """The zoo models that are a sequence of stages (no batch norm)."""
 
@@ -576,9 +578,9 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
         raise ConfigError(field, value, f"its default ({getattr(ModelConfig, field)}) with "
                           "--parallelism data (it cuts a pipelined model)")
     return
-  if m.pipeline_schedule not in PIPELINE_SCHEDULES:
-    raise ConfigError("pipeline_schedule", m.pipeline_schedule,
-                      "one of " + ", ".join(PIPELINE_SCHEDULES))
+  from jaxdl.parallel.pipeline import SCHEDULES
+  if m.pipeline_schedule not in SCHEDULES:
+    raise ConfigError("pipeline_schedule", m.pipeline_schedule, "one of " + ", ".join(SCHEDULES))
   if spec.shape is not Collective or engine != "mesh":
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: a pipeline runs a synchronous algorithm (sgd, bsp, ar_sgd, "

@@ -116,6 +116,13 @@ class Task:
     return f"test_{self.target}"
 
 
+def weighted_cross_entropy(logits_BxK, labels_B, weights_B) -> jax.Array:
+  """Each example's softmax cross-entropy, weighted and summed: a batch's
+  share of the global batch's mean loss."""
+  losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, labels_B)
+  return jnp.sum(losses_B * weights_B)
+
+
 def classification(model, dataset=None) -> Task:
   """Image classification: softmax cross-entropy of a zoo `Model` on a `Dataset`
   (None: on batches given otherwise), evaluated by accuracy (and loss)."""
@@ -124,11 +131,9 @@ def classification(model, dataset=None) -> Task:
   def loss(params, model_state, batch, key, stats=None):
     del key  # the zoo's models are deterministic
     logits_BxK, model_state = model.apply(params, model_state, batch["image"], True, stats)
-    losses_B = optax.softmax_cross_entropy_with_integer_labels(logits_BxK, batch["label"])
-    loss = jnp.sum(losses_B * batch["weight"])
     # Only the loss: accuracy comes from evaluation, and an argmax in every
     # step costs small models ~10% (bench/ar_sgd_step.py).
-    return loss, (model_state, {})
+    return weighted_cross_entropy(logits_BxK, batch["label"], batch["weight"]), (model_state, {})
 
   def evaluate(params, model_state, batch):
     logits_BxK, _ = model.apply(params, model_state, batch["image"], False)

@@ -119,14 +119,28 @@ class Streams:
     weights.flags.writeable = False
     return weights
 
-  def _row(self, b: int) -> np.ndarray:
-    """A batch of b examples' weights, padded to `capacity` (read-only)."""
+  def _row(self, b: int, length: int | None = None) -> np.ndarray:
+    """A batch of b examples' weights, padded to `length` (default:
+    `capacity`; read-only)."""
+    length = self.capacity if length is None else length
     rows = self.__dict__.setdefault("_rows", {})
-    if b not in rows:
-      rows[b] = np.where(np.arange(self.capacity) < b, 1.0 / sum(self.batch_sizes),
-                         0.0).astype(np.float32)
-      rows[b].flags.writeable = False
-    return rows[b]
+    if (b, length) not in rows:
+      row = np.where(np.arange(length) < b, 1.0 / sum(self.batch_sizes), 0.0)
+      rows[b, length] = row.astype(np.float32)
+      rows[b, length].flags.writeable = False
+    return rows[b, length]
+
+  def padded_batch(self, worker: int, step: int,
+                   length: int | None = None) -> tuple[Fields, np.ndarray]:
+    """`worker`'s batch at `step` padded with zeros to `length` examples
+    (default: `capacity`), and its weights: 1/B for its real examples (B =
+    sum of all batch sizes), 0 for padding."""
+    length = self.capacity if length is None else length
+    b, batch = self.size(worker, step), self.batch(worker, step)
+    if b < length:  # np.pad copies even when there is nothing to pad
+      batch = {k: np.pad(v, [(0, length - b)] + [(0, 0)] * (v.ndim - 1))
+               for k, v in batch.items()}
+    return batch, self._row(b, length)
 
   def stacked_batches(self, pairs: Sequence[tuple[int, int]]
                       ) -> tuple[Fields, np.ndarray, np.ndarray]:
@@ -134,15 +148,7 @@ class Streams:
     (b_max) and stacked: fields (N, b_max, ...), weights (N, b_max), 1/B
     for real examples (B = sum of all batch sizes) and 0 for padding, and
     ids (N, 2), each batch's (worker, step)."""
-    b_max = self.capacity
-    fields, weights = [], []
-    for worker, step in pairs:
-      b, batch = self.size(worker, step), self.batch(worker, step)
-      if b < b_max:  # np.pad copies even when there is nothing to pad
-        batch = {k: np.pad(v, [(0, b_max - b)] + [(0, 0)] * (v.ndim - 1))
-                 for k, v in batch.items()}
-      fields.append(batch)
-      weights.append(self._row(b))
+    fields, weights = zip(*(self.padded_batch(worker, step) for worker, step in pairs))
     stacked = {k: np.stack([f[k] for f in fields]) for k in fields[0]}
     return stacked, np.stack(weights), np.asarray(pairs, np.int32).reshape(-1, 2)
 
@@ -223,7 +229,6 @@ class SlicedStreams(Streams):
     if partitions.sizes(0) != self.batch_sizes:
       raise ValueError(f"partitions from {partitions.sizes(0)}, not {self.batch_sizes}")
     self.partitions = partitions
-    self.__dict__.pop("_rows", None)  # padded to the old capacity
 
   def size(self, worker: int, step: int) -> int:
     return self.partitions.sizes(step)[worker]

@@ -37,6 +37,11 @@ PAD_TO = 8
 small changes of its size reuse one compiled step."""
 
 
+def padded_size(b: int) -> int:
+  """A batch of b examples' size padded to a multiple of PAD_TO."""
+  return -(-b // PAD_TO) * PAD_TO
+
+
 class SplitWorker:
   """Worker `worker` of a synchronous algorithm (built from `config`, with
   `problem`'s model and every worker's `streams`), running its step as a
@@ -57,7 +62,7 @@ class SplitWorker:
     from jaxdl.engines.host_axis import HostAxis
     from jaxdl.engines.sim import cost_model
     self.w, self.streams, self.algorithm = worker, streams, algorithm
-    self.m, self.total = streams.num_workers, sum(streams.batch_sizes)
+    self.m = streams.num_workers
     self.static = streams.batch_sizes[worker]  # the size the modelled times are for
     self.cost = (None if config.cluster.compute_time is None else
                  cost_model(config, problem, streams))
@@ -101,22 +106,19 @@ class SplitWorker:
     """The run's splits so far: (first step, sizes) after the step-0 sizes."""
     self.streams.repartition(Partitions(self.streams.batch_sizes, changes))
 
-  def _batch(self, t: int, fields) -> tuple[Batch, int, int]:
-    fields = self.streams.batch(self.w, t) if fields is None else fields
-    b = len(next(iter(fields.values())))
-    padded = -(-b // PAD_TO) * PAD_TO
-    pad = lambda v: np.pad(v, [(0, padded - b)] + [(0, 0)] * (v.ndim - 1))
-    weights = np.where(np.arange(padded) < b, np.float32(1.0 / self.total), np.float32(0.0))
-    batch = Batch({k: pad(v) for k, v in fields.items()}, weights,
-                  np.array([self.w, t], np.int32))
-    return jax.device_put(batch, self.device), b, padded
+  def padded_batch(self, t: int) -> tuple[dict, np.ndarray]:
+    """Its batch at step t, padded to a multiple of PAD_TO, and its weights."""
+    return self.streams.padded_batch(self.w, t, padded_size(self.streams.size(self.w, t)))
 
-  def step(self, t: int, fields=None) -> tuple[dict, float, float]:
-    """Takes step t with the others, on its batch's `fields` (None: from its
-    streams): (its metric shares, its batch's seconds: the step's less those
-    spent in collectives, emulated time included, compiling excluded; its
-    seconds compiling a step for a new batch size)."""
-    batch, b, padded = self._batch(t, fields)
+  def step(self, t: int, batch=None) -> tuple[dict, float, float]:
+    """Takes step t with the others, on its `padded_batch` (None: read now):
+    (its metric shares, its batch's seconds: the step's less those spent in
+    collectives, emulated time included, compiling excluded; its seconds
+    compiling a step for a new batch size)."""
+    fields, weights = self.padded_batch(t) if batch is None else batch
+    b, padded = self.streams.size(self.w, t), len(weights)
+    batch = jax.device_put(Batch(fields, weights, np.array([self.w, t], np.int32)),
+                           self.device)
     compiling = 0.0
     if padded not in self.compiled:  # compiled before the clock starts
       start = time.perf_counter()
@@ -250,9 +252,9 @@ class MeshSplit(SplitRun, base.LocalProcess):
 
   def _step_all(self, step: int) -> list:
     # the workers share one data stream: read here, one batch at a time
-    fields = [self.streams.batch(w, step) for w in range(self.num_workers)]
-    return self._results([self.pool.submit(w.step, step, f)
-                          for w, f in zip(self.workers, fields)])
+    batches = [w.padded_batch(step) for w in self.workers]
+    return self._results([self.pool.submit(w.step, step, b)
+                          for w, b in zip(self.workers, batches)])
 
   def _results(self, futures) -> list:
     """The workers' results; the first error, once the others have left the exchange."""

@@ -12,7 +12,7 @@ its stage's forward from the input kept at the forward; the loss's gradient
 it returns is a custom VJP, so an algorithm differentiates the loss as any
 other (`pipeline_task`).
 
-Stages may differ in shape (a ResNet's, a VGG's): every device holds its
+Stages may differ in shape (a convolution's, a dense layer's): every device holds its
 stage's parameters as one row of a (p, L) array (raveled, zero padded to
 the largest stage's L), and its activations cross the axis as
 (micro-batch, A) rows (each example's activation raveled, zero padded to
@@ -30,7 +30,6 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.flatten_util import ravel_pytree
 
 
@@ -80,7 +79,7 @@ class Stages:
     """The stages' parameter pytrees from their rows."""
     return [u(rows[s, :n]) for s, (u, n) in enumerate(zip(self.unravels, self.sizes))]
 
-  def _branch(self, s: int) -> Callable:
+  def on_rows(self, s: int) -> Callable:
     """Stage s on padded rows: (its row of L, activations (b, A)) -> (b, A)."""
     def run(row, x):
       b = x.shape[0]
@@ -161,16 +160,21 @@ def held(table: np.ndarray) -> int:
   slot = {(int(o), int(i), s): t for t in range(len(table)) for s in range(p)
           for o, i in [table[t, s]] if o != IDLE}
   m = max(i for _, i, _ in slot) + 1
-  spans = []
+  most = 0
   for s in range(p):
-    for i in range(m):
-      spans.append((s, 0, slot[(FORWARD, i, s)], slot[(BACKWARD, i, s)]))
-      if s > 0:
-        spans.append((s, 1, slot[(FORWARD, i, s - 1)], slot[(FORWARD, i, s)]))
-      if s < p - 1:
-        spans.append((s, 2, slot[(BACKWARD, i, s + 1)], slot[(BACKWARD, i, s)]))
-  return max(sum(1 for s2, k2, a, b in spans if (s2, k2) == (s, k) and a < t <= b)
-             for s, k, _, _ in spans for t in range(len(table)))
+    # each buffer's spans (from, to], one per micro-batch: held after `from`, up to
+    # `to`: inputs kept, activations received, cotangents received
+    buffers = [[(slot[(FORWARD, i, s)], slot[(BACKWARD, i, s)]) for i in range(m)]]
+    if s > 0:
+      buffers.append([(slot[(FORWARD, i, s - 1)], slot[(FORWARD, i, s)]) for i in range(m)])
+    if s < p - 1:
+      buffers.append([(slot[(BACKWARD, i, s + 1)], slot[(BACKWARD, i, s)]) for i in range(m)])
+    for spans in buffers:
+      held_at = np.zeros(len(table) + 1, int)
+      for start, end in spans:  # held in slots start + 1 ... end
+        held_at[start + 1:end + 1] += 1
+      most = max(most, int(held_at.max()))
+  return most
 
 
 def scheduled_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
@@ -189,7 +193,7 @@ def scheduled_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
   slots = schedule(kind, p, m)
   table, k = jnp.asarray(slots), held(slots)
   flat = stages.padded(micro)
-  forward = [stages._branch(i) for i in range(p)]
+  forward = [stages.on_rows(i) for i in range(p)]
   out_size = math.prod(stages.shapes[-1])
 
   def last_loss(row, x, i):  # the last stage's output and its loss
@@ -312,14 +316,16 @@ STAGE_AXIS = "stages"
 """The mesh axis a pipelined model's stages lie along (jaxdl.engines.mesh)."""
 
 
-def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
-                    count: int, zoo=None):
+def _pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
+                     count: int):
   """The zoo model `name` as a `jaxdl.models.Model` whose parameters are its
-  `count` stages' rows ({"stages": (count, L)}; `zoo`: its `_zoo_stages`, if
-  made already), applied as the stages one after the other (evaluation;
-  training goes through `pipeline_task`'s loss)."""
-  from jaxdl.models import Model
-  stages, build = zoo or _zoo_stages(name, num_classes, image_shape, stem, count)
+  `count` stages' rows ({"stages": (count, L)}), applied as the stages one
+  after the other (evaluation; training goes through `pipeline_task`'s
+  loss), and its stages."""
+  from jaxdl.models import MODELS, Model, resolve_stem
+  stem = resolve_stem(stem, tuple(image_shape))
+  build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
+  stages = model_stages(build, jax.random.key(0), count, image_shape)[0]  # the structure
 
   def init(key):
     return {"stages": stages.rows(model_stages(build, key, count, image_shape)[1])}, {}
@@ -329,16 +335,7 @@ def pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], ste
     return stages.sequential(stages.params(params["stages"]), images), model_state
 
   return Model(name=f"{name}/pipeline{count}", init=init, apply=apply,
-               num_classes=num_classes, image_shape=tuple(image_shape))
-
-
-def _zoo_stages(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
-                count: int) -> tuple[Stages, Callable]:
-  """The zoo model `name`'s stages (their structure), and its builder."""
-  from jaxdl.models import MODELS, resolve_stem
-  stem = resolve_stem(stem, tuple(image_shape))
-  build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
-  return model_stages(build, jax.random.key(0), count, image_shape)[0], build
+               num_classes=num_classes, image_shape=tuple(image_shape)), stages
 
 
 def _own_row(rows: jax.Array) -> jax.Array:
@@ -357,14 +354,10 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
   the schedule `kind` ("gpipe" or "1f1b"): its loss and gradient come from
   `scheduled_gradients` (the loss's gradient is a custom VJP: the
   algorithm's own step takes it as any other)."""
-  from jaxdl.task import classification
-  zoo = _zoo_stages(name, dataset.num_classes, dataset.image_shape, stem, count)
-  task = classification(pipelined_model(name, dataset.num_classes, dataset.image_shape, stem,
-                                        count, zoo), dataset)
-  stages = zoo[0]
-  per_example = lambda logits, labels: optax.softmax_cross_entropy_with_integer_labels(
-      logits, labels)
-  micro_loss = lambda out, aux: jnp.sum(per_example(out, aux[0]) * aux[1])
+  from jaxdl.task import classification, weighted_cross_entropy
+  model, stages = _pipelined_model(name, dataset.num_classes, dataset.image_shape, stem, count)
+  task = classification(model, dataset)
+  micro_loss = lambda logits, aux: weighted_cross_entropy(logits, *aux)
 
   def loss(params, model_state, batch, key, stats=None):
     if not _bound(STAGE_AXIS):  # one device runs every stage
@@ -372,14 +365,12 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
     cut = lambda a: a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
     micro, aux = cut(batch["image"]), (cut(batch["label"]), cut(batch["weight"]))
 
-    @jax.custom_vjp
-    def value(row, micro, aux):
-      return scheduled_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS, kind)[0]
-
     def forward(row, micro, aux):
       total, grad = scheduled_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS,
                                         kind)
       return total, (grad, micro, aux)
+
+    value = jax.custom_vjp(lambda row, micro, aux: forward(row, micro, aux)[0])
 
     def backward(saved, cotangent):
       grad, micro, aux = saved
