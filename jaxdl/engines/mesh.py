@@ -14,6 +14,7 @@ feeds the batches of the workers on its own devices.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from typing import Any, NamedTuple
 
@@ -34,6 +35,26 @@ DEVICE_AXIS, LOCAL_AXIS = "workers", "local"
 def device_count_for(num_workers: int, available: int) -> int:
   """The largest divisor of M that is at most the number of devices."""
   return max(d for d in range(1, min(num_workers, available) + 1) if num_workers % d == 0)
+
+
+@contextlib.contextmanager
+def outside_persistent_cache():
+  """Compiles inside neither read nor write JAX's persistent compilation
+  cache. A pipelined step's XLA CPU executable loaded from that cache
+  crashed (a segfault in XLA's runtime, at the step's second call) in 15 of
+  75 runs (jax 0.10.2, the ViT in 2 stages under local SGD), where compiled
+  afresh it never did (0 of 28): a pipelined engine compiles its step here.
+  (JAX reads the flag once per process, hence the resets; a compile in
+  another thread meanwhile skips the cache too.)"""
+  from jax.experimental.compilation_cache.compilation_cache import reset_cache
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    reset_cache()
 
 
 class MeshState(NamedTuple):
@@ -92,7 +113,7 @@ class MeshEngine(base.LocalProcess):
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
     # A pipelined model's stage rows (and the optimizer state shaped like
     # them) lie along the stage axis, a row per device; the rest is replicated.
-    rows = p > 1 and jax.eval_shape(problem.task.init, key)[0]["stages"].shape
+    rows = jax.eval_shape(problem.task.init, key)[0]["stages"].shape if p > 1 else None
     staged = lambda x: x.shape == rows
     self._specs = jax.tree.map(
         lambda x: P((DEVICE_AXIS, STAGE_AXIS)) if staged(x) else P(DEVICE_AXIS),
@@ -185,14 +206,21 @@ class MeshEngine(base.LocalProcess):
     """Advances `state` by training step `step` (its data is a function of it)."""
     self._events.append(Event(time.perf_counter() - self._start, "step", -1, step))
     batch = self.batch(step)
-    if self._arguments is None:  # the step's argument shapes, for its memory analysis
+    first = self._arguments is None
+    if first:  # the step's argument shapes, for its memory analysis
       self._arguments = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), (state, batch))
-    state, metrics = self.jitted_step(state, batch)
+    with self._compiling(first):
+      state, metrics = self.jitted_step(state, batch)
     self._in_flight.append(metrics)
     if len(self._in_flight) > self.MAX_IN_FLIGHT:
       jax.block_until_ready(self._in_flight.popleft())
     return state, metrics
+
+  def _compiling(self, compiles: bool):
+    """Where the step compiles: a pipelined one outside the persistent cache."""
+    return (outside_persistent_cache() if compiles and self.stages > 1
+            else contextlib.nullcontext())
 
   def report(self, state) -> dict:
     del state  # collective algorithms keep no figures of their own
@@ -217,8 +245,10 @@ class MeshEngine(base.LocalProcess):
                            devices=self.mesh.devices.size,
                            workers_per_device=self.axis.local_size,
                            processes=jax.process_count())
-    memory = self._arguments and self.jitted_step.lower(*self._arguments).compile(
-        ).memory_analysis()  # (its compile is the persistent cache's, once the run's is there)
+    # (the compile is the persistent cache's, once the run's step is there)
+    with self._compiling(True):
+      memory = (None if self._arguments is None else
+                self.jitted_step.lower(*self._arguments).compile().memory_analysis())
     if memory is not None:  # one device's share of the step's program
       figures["memory_per_device_bytes"] = {
           "arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,

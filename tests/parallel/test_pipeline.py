@@ -217,3 +217,28 @@ def test_a_schedule_orders_every_operation_after_what_it_needs(kind, stages_coun
       for what, ids in holding.items():  # consecutive: distinct mod held's rows
         assert ids == list(range(ids[0], ids[0] + len(ids))) if ids else True
         assert len(ids) <= held(table), (what, s, t, ids)
+
+
+def test_a_pipelined_step_compiles_outside_the_persistent_cache():
+  """A pipelined step's executable loaded from JAX's persistent cache crashed
+  XLA's CPU runtime in one run in five (jaxdl.engines.mesh.outside_persistent_cache):
+  its compile neither reads nor writes the cache, the data parallel step's
+  does, and the cache is on again after it."""
+  from jaxdl.config import RunConfig
+  from tests.helpers import make_engine
+  assert jax.config.jax_compilation_cache_dir  # (tests/conftest.py)
+  uses = []
+  listen = lambda event, **_: uses.append(event) if event.endswith("use_cache") else None
+  jax.monitoring.register_event_listener(listen)
+  try:
+    counts = []
+    for strategy in ({"parallelism": "pipeline", "stages": 2, "microbatches": 2}, {}):
+      engine = make_engine(RunConfig.make(algorithm="ar_sgd", workers=2, model="mlp",
+                                          batch_size=8, steps=2, lr=0.125, **strategy))
+      state = engine.init(jax.random.key(3))  # (its compile is the cache's either way)
+      before = len(uses)
+      jax.block_until_ready(engine.step(state, 0))
+      counts.append(len(uses) - before)
+  finally:
+    jax.monitoring.unregister_event_listener(listen)
+  assert counts == [0, 1]
