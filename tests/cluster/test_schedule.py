@@ -606,3 +606,27 @@ def test_a_budget_below_zero_is_refused_and_a_plain_schedule_moved_nothing():
     Budget(-1)
   assert str(error.value) == "budget=-1: an integer >= 0 (samples, or updates)"
   assert Schedule([]).bytes_total == 0.0 and Schedule([]).queued_s == ()
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "ps"])
+def test_a_partitioned_synchronous_schedule_by_hand(mode):
+  """With a partitioner (proportional after one step): step 0's times go to
+  it, the new split is recorded at the clock where step 1 starts, and step 1's
+  compute times scale with each worker's new batch; every step's times are
+  the schedule's batch_seconds."""
+  from jaxdl.partition import Partitioner, Policy
+  cost = _cost(2, speeds=(1.0, 3.0), jitter=0.0, straggler_prob=0.0)
+  partitioner = Partitioner(Policy("proportional", every=1), (32, 32))
+  events = synchronous(cost, 2, mode, partitioner=partitioner)
+  t0 = [cost.compute_time(w, 0) for w in range(2)]
+  assert t0[0] == pytest.approx(3 * t0[1])
+  [split] = [e for e in events if e.kind == "partition"]
+  assert split.iteration == 1 and split.sizes == (16, 48) == partitioner.sizes
+  first = [e for e in events if e.kind == "step"][0]
+  if mode == "allreduce":  # everyone starts step 1 after the ring
+    assert first.time == pytest.approx(max(t0) + cost.ring_allreduce_time())
+    assert split.time == first.time
+  else:  # after the slowest pull of step 0's model
+    assert split.time > first.time
+  t1 = [cost.compute_time(w, 1) * b / 32 for w, b in enumerate((16, 48))]
+  np.testing.assert_allclose(events.batch_seconds, [[t0[0], t1[0]], [t0[1], t1[1]]])
