@@ -99,13 +99,19 @@ class _Collecting:
   """Whether Python's garbage collector is running (its callbacks, weakref
   callbacks and finalizers run then, and an exception raised in them is
   only printed): set by a gc callback before every other, cleared by one
-  after every other."""
+  after every other (kept last: a library imported later, jax, appends its
+  own)."""
   now = False
 
   @staticmethod
   def start(phase: str, info) -> None:
     if phase == "start":
       _Collecting.now = True
+      callbacks = gc.callbacks
+      if callbacks[-1] is not _Collecting.stop and _Collecting.stop in callbacks:
+        # (the gc is at this callback, the first: moving a later one is safe)
+        callbacks.remove(_Collecting.stop)
+        callbacks.append(_Collecting.stop)
 
   @staticmethod
   def stop(phase: str, info) -> None:
@@ -128,7 +134,8 @@ def _compare(args: list[str]) -> int:
 
   from jaxdl import compare, flags
   from jaxdl.config import RunConfig
-  from jaxdl.report import Report, check_target
+  from jaxdl.config import check_target
+  from jaxdl.report import Report
 
   opts, rest = tyro.cli(compare.CompareArgs, args=_split_lists(args, COMPARE_LIST_FLAGS),
                         return_unknown_args=True, prog="jaxdl compare",

@@ -80,12 +80,14 @@ def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
   assert not list(out.glob("*-m2/summary.json"))
 
 
-@pytest.mark.parametrize("where", ["gc callback", "weakref callback"])
+@pytest.mark.parametrize("where", ["gc callback", "weakref callback",
+                                   "gc callback appended later"])
 def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where):
   """Python only prints an exception raised while its garbage collector
   runs (in a gc callback, jax has one; a weakref callback; a finalizer): a
   SIGTERM or Ctrl-C that lands there is raised again after it, not lost or
-  printed as a traceback."""
+  printed as a traceback. So too in a callback added after jaxdl's (jax's,
+  imported by a command), at the collection's end."""
   import gc
   import weakref
 
@@ -96,10 +98,13 @@ def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where
 
   def interrupt(*args):
     signal.raise_signal(signal.SIGTERM)  # its handler runs here, during the collection
-  callback = lambda phase, info: interrupt() if phase == "start" else None
+  late = where == "gc callback appended later"
+  callback = lambda phase, info: interrupt() if phase == ("stop" if late else "start") else None
   previous = signal.signal(signal.SIGTERM, cli._interrupt)
   gc.callbacks[:0] = [cli._Collecting.start] + ([callback] if where == "gc callback" else [])
   gc.callbacks.append(cli._Collecting.stop)
+  if late:
+    gc.callbacks.append(callback)
   try:
     with pytest.raises(KeyboardInterrupt):
       if where == "weakref callback":
