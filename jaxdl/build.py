@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from jaxdl import algorithms
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
-from jaxdl.config import TASK_PREFIX, RunConfig, batch_sizes, resolve, validate
+from jaxdl.config import TASK_PREFIX, RunConfig, batch_sizes, check_target, resolve, validate
 from jaxdl.data import Streams, TextDataset, load_dataset, make_streams
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.models import MODELS, TEXT_MODELS, build_model
@@ -119,6 +119,7 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   validate(config)
   spec = resolve(config)[0]
   task = task or build_task(config)
+  check_target(config.train.target_accuracy, task.target_metric, "target_accuracy")
   sliced = config.cluster.partition != "static"  # the split of B changes during the run
   streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
                                     task.name, sliced)

@@ -161,6 +161,10 @@ class TrainConfig:
   """Save a checkpoint every this many steps (0: once per epoch), and at the end."""
   keep_checkpoints: int = 2
   """Number of most recent checkpoints kept."""
+  target_accuracy: float | None = None
+  """A test score to time: summary.json gives the steps, epochs and seconds (simulated on the sim engine, else wall) of the first evaluation that reached it (null where none did). In the task's target metric: an accuracy in (0, 1], or test nats per char, reached at or below it."""
+  price_per_device_hour: float | None = None
+  """Price of one device for an hour: summary.json's cost is the run's devices x its hours x this (the sim engine's devices: its simulated workers, for its simulated hours), and cost_to_target the same to --target-accuracy."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,7 +380,8 @@ ENVIRONMENT = "environment"
 RUN_CONTROL_FIELDS = frozenset(
     {"out", "resume", "overwrite", "progress", "config", "log_every",
      "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir",
-     "coordinator_address", "num_processes", "process_id"})
+     "coordinator_address", "num_processes", "process_id", "target_accuracy",
+     "price_per_device_hour"})
 
 
 def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
@@ -425,8 +430,8 @@ def validate(config: RunConfig) -> RunConfig:
   c = config.flat()
   for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
     _positive(field, c[field])
-  for field in ("steps", "image_size", "lr"):
-    _positive(field, c[field], allow_none=True)
+  for field in ("steps", "image_size", "lr", "target_accuracy", "price_per_device_hour"):
+    _positive(field, c[field], allow_none=True)  # (the target's range: by its metric, later)
   for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay"):
     _positive(field, c[field], zero=True)
   _positive("momentum", c["momentum"], zero=True, allow_none=True)
@@ -460,6 +465,21 @@ def validate(config: RunConfig) -> RunConfig:
   policy(config)
   resolve(config)
   return config
+
+
+def check_target(target: float | None, metric: str = "test_accuracy",
+                 field: str = "target") -> None:
+  """A target score: unset, an accuracy in (0, 1], or another metric's
+  positive value (`field`: the flag that set it)."""
+  t = target
+  if t is None:
+    return
+  if metric == "test_accuracy" and not (math.isfinite(t) and 0 < t <= 1):
+    raise ConfigError(field, t, "an accuracy in (0, 1], or unset" +
+                      (" (95% of SGD's)" if field == "target" else ""))
+  if not (math.isfinite(t) and t > 0):
+    raise ConfigError(field, t, f"a {metric.replace('_', ' ')} > 0, or unset" +
+                      (" (105% of SGD's)" if field == "target" else ""))
 
 
 def policy(config: RunConfig):

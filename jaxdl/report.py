@@ -33,9 +33,10 @@ from typing import Any
 
 import tyro
 
-from jaxdl import labels, trace
+from jaxdl import labels, rundir, trace
 from jaxdl.plots import ratio, write_all
 from jaxdl.compare import CELLS_FILE, GRID_FILE
+from jaxdl.config import check_target
 from jaxdl.errors import ConfigError
 
 BASELINE = "sgd"
@@ -115,8 +116,8 @@ class CellResult:
   def time_to(self, target: float) -> float | None:
     if self.diverged:
       return None
-    reached = (lambda x: x >= target) if self.higher_is_better else (lambda x: x <= target)
-    return next((p["time"] for p in self.curve if reached(p["score"])), None)
+    hit = rundir.first_reaching(self.curve, target, self.higher_is_better)
+    return None if hit is None else hit["time"]
 
 
 def _flat(path: Path) -> dict:
@@ -126,29 +127,6 @@ def _flat(path: Path) -> dict:
     return d
   flat = {k: v for s in d.values() for k, v in s.items() if k != "settings"}
   return flat | dict(d.get("algorithm", {}).get("settings") or {})
-
-
-def step_times(path: Path, batch_sizes) -> list[float]:
-  """Simulated time at the end of each step, as every engine counts steps
-  (`batch_sizes`: the workers', or their number when all are equal)."""
-  events = list(trace.read_trace(path))
-  return [events[i].time for i in trace.step_ends(events, batch_sizes)]
-
-
-def _points(run: Path, summary: dict, workers: int) -> list[dict[str, Any]]:
-  """Every record of metrics.jsonl: step, epoch, time (simulated or wall) and
-  score, the target metric (None between evaluations)."""
-  path = run / "metrics.jsonl"
-  if not path.exists():
-    return []
-  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  simulated = "simulated_time_s" in summary and (run / "trace.jsonl").exists()
-  sizes = summary.get("batch_sizes") or workers
-  ends = step_times(run / "trace.jsonl", sizes) if simulated and records else []
-  metric = summary.get("target_metric", ACCURACY)
-  return [{"step": r["step"], "epoch": r["epoch"], "score": r.get(metric),
-           "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
-          for r in records]
 
 
 def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
@@ -172,7 +150,7 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
       config = _flat(run / "config.json")
       summary = json.loads((run / "summary.json").read_text())
       workers = config["workers"]
-      points = _points(run, summary, workers)
+      points = rundir.evaluations(run, summary, workers)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
       # a corrupt cell (e.g. a summary.json cut short) costs that cell only
       print(f"warning: skipping cell {name}: its run files are unreadable "
@@ -215,17 +193,6 @@ def _variants(cells: list[CellResult]) -> list[str]:
 
 def _workers(cells: list[CellResult]) -> list[int]:
   return sorted({c.workers for c in cells})
-
-
-def check_target(target: float | None, metric: str = ACCURACY) -> None:
-  """--target: unset, an accuracy in (0, 1], or another metric's positive value."""
-  t = target
-  if t is None:
-    return
-  if metric == ACCURACY and not (math.isfinite(t) and 0 < t <= 1):
-    raise ConfigError("target", t, "an accuracy in (0, 1], or unset (95% of SGD's)")
-  if not (math.isfinite(t) and t > 0):
-    raise ConfigError("target", t, f"a {metric_label(metric)} > 0, or unset (105% of SGD's)")
 
 
 def metric_label(metric: str) -> str:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jaxdl import trace
 from jaxdl.config import ENVIRONMENT
 from jaxdl.errors import ConfigError
 
@@ -108,6 +109,37 @@ def clear_run_files(out: Path) -> None:
       shutil.rmtree(path)
     elif path.exists():
       path.unlink()
+
+
+def step_times(path: Path, batch_sizes) -> list[float]:
+  """Simulated time at the end of each step of a trace.jsonl, as every engine
+  counts steps (`batch_sizes`: the workers', or their number when all are
+  equal)."""
+  events = list(trace.read_trace(path))
+  return [events[i].time for i in trace.step_ends(events, batch_sizes)]
+
+
+def evaluations(run: Path, summary: dict[str, Any], workers: int) -> list[dict[str, Any]]:
+  """Every record of a run's metrics.jsonl: step, epoch, time (simulated, for
+  a run whose summary has a simulated time and whose trace is there; else
+  wall) and score, the summary's target metric (None between evaluations)."""
+  path = run / METRICS
+  if not path.exists():
+    return []
+  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  simulated = "simulated_time_s" in summary and (run / TRACE).exists()
+  sizes = summary.get("batch_sizes") or workers
+  ends = step_times(run / TRACE, sizes) if simulated and records else []
+  metric = summary.get("target_metric", "test_accuracy")
+  return [{"step": r["step"], "epoch": r["epoch"], "score": r.get(metric),
+           "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
+          for r in records]
+
+
+def first_reaching(points, target: float, higher_is_better: bool = True):
+  """The first of `points` (`evaluations`) whose score reaches `target`, or None."""
+  reached = (lambda x: x >= target) if higher_is_better else (lambda x: x <= target)
+  return next((p for p in points if p["score"] is not None and reached(p["score"])), None)
 
 
 class MetricsLog:

@@ -353,5 +353,29 @@ class _Training:
     summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
       self._write_trace()
+      summary.update(self._target_and_cost(summary))
       rundir.write_json(self.out / rundir.SUMMARY, summary)
     return summary
+
+  def _target_and_cost(self, summary: dict[str, Any]) -> dict[str, Any]:
+    """--target-accuracy's and --price-per-device-hour's figures, from the
+    run's evaluations (metrics.jsonl: the whole run's, after a resume too)
+    and its time (simulated on the sim engine, else wall)."""
+    c, figures = self.s.config.train, {}
+    simulated = "simulated_time_s" in summary
+    hit = None
+    at = lambda key: None if hit is None else hit[key]
+    if c.target_accuracy is not None:
+      if not self.diverged:
+        points = rundir.evaluations(self.out, summary, self.s.config.algorithm.workers)
+        hit = rundir.first_reaching(points, c.target_accuracy, self.s.task.higher_is_better)
+      figures.update(target_accuracy=c.target_accuracy,
+                     steps_to_target=at("step"), epochs_to_target=at("epoch"),
+                     time_to_target_s=at("time"))
+    if c.price_per_device_hour is not None:
+      devices = self.s.config.algorithm.workers if simulated else summary["devices"]
+      rate = devices * c.price_per_device_hour / 3600  # per second
+      seconds = summary["simulated_time_s" if simulated else "wall_time_s"]
+      figures.update(cost=rate * seconds, cost_devices=devices,
+                     cost_to_target=None if hit is None else rate * hit["time"])
+    return figures

@@ -316,6 +316,18 @@ def test_a_pipeline_that_cannot_run_is_refused(tmp_path, capsys, args, flag, say
 
 
 @pytest.mark.parametrize("args, flag, says", [
+    (["--target-accuracy", "1.5"], "--target-accuracy", "an accuracy in (0, 1], or unset"),
+    (["--target-accuracy", "0"], "--target-accuracy", "a number > 0"),
+    (["--price-per-device-hour", "-1"], "--price-per-device-hour", "a number > 0"),
+    (["--price-per-device-hour", "nan"], "--price-per-device-hour", "a number > 0"),
+])
+def test_a_target_or_price_out_of_range_is_refused(tmp_path, capsys, args, flag, says):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), *args], flag, out)
+  assert says in line
+
+
+@pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "asp", "--partition", "adaptive"], "--partition",
      "static for asp: proportional and adaptive split a synchronous step's global batch"),
     (["--algorithm", "bsp", "--partition", "random"], "--partition",

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from jaxdl import plots, report
+from jaxdl import plots, report, rundir
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID
 from jaxdl.config import RunConfig
@@ -61,7 +61,7 @@ def _rows(markdown: str) -> dict[str, list[str]]:
 
 
 def test_step_times_follow_the_engines_step_count(comparison):
-  assert report.step_times(comparison / "asp-m4" / "trace.jsonl", 4) == pytest.approx([0.2, 0.4])
+  assert rundir.step_times(comparison / "asp-m4" / "trace.jsonl", 4) == pytest.approx([0.2, 0.4])
 
 
 def test_accuracy_and_error_tables(comparison):

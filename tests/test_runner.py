@@ -176,3 +176,39 @@ def test_synchronous_runs_report_their_layout_and_traffic(tmp_path, algorithm):
               "local_sgd": 2 * 15 * model_bytes / 4}[algorithm]
   assert summary["bytes_communicated_per_step"] == pytest.approx(expected)
   assert summary["test_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("engine, workers", [("mesh", 2), ("sim", 4)])
+def test_time_and_cost_to_a_target(tmp_path, engine, workers):
+  """--target-accuracy: the first evaluation in metrics.jsonl at or above
+  it (its step, epoch and time: the sim's simulated clock at that step, read
+  from the trace, else the record's wall time); --price-per-device-hour: the
+  devices (the sim's: its workers) x the run's hours x the price. A target
+  above every evaluation: nulls, and no cost to it."""
+  algorithm = "asp" if engine == "sim" else "ar_sgd"
+  base = dict(QUICK, algorithm=algorithm, workers=workers, engine=engine, eval_every=5,
+              price_per_device_hour=3.0)
+  summary = jaxdl.run(RunConfig.make(**base, target_accuracy=0.5, out=str(tmp_path / "a")))
+  records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").open()]
+  first = next(r for r in records if r.get("test_accuracy", 0) >= 0.5)
+  assert first is not records[-1] and summary["test_accuracy"] > 0.5
+  assert (summary["steps_to_target"], summary["epochs_to_target"]) == (first["step"],
+                                                                      first["epoch"])
+  if engine == "sim":
+    events = [json.loads(line) for line in (tmp_path / "a" / "trace.jsonl").open()]
+    # asp: a step is every worker's batch once; the step's end is its last update's
+    applies = [e for e in events if e["kind"] == "apply"]
+    expected, devices, time_s = (applies[first["step"] * workers - 1]["time"], workers,
+                                 summary["simulated_time_s"])
+  else:
+    expected, devices, time_s = first["wall_time_s"], summary["devices"], summary["wall_time_s"]
+  assert devices == workers
+  assert summary["time_to_target_s"] == pytest.approx(expected, rel=1e-9)
+  assert summary["cost"] == pytest.approx(devices * time_s / 3600 * 3.0, rel=1e-9)
+  assert summary["cost_to_target"] == pytest.approx(devices * expected / 3600 * 3.0, rel=1e-9)
+  written = json.loads((tmp_path / "a" / "summary.json").read_text())
+  assert all(written[k] == summary[k] for k in ("steps_to_target", "time_to_target_s", "cost"))
+  missed = jaxdl.run(RunConfig.make(**base, target_accuracy=1.0, out=str(tmp_path / "b")))
+  assert missed["test_accuracy"] < 1.0
+  assert [missed[k] for k in ("steps_to_target", "epochs_to_target", "time_to_target_s",
+                              "cost_to_target")] == [None] * 4
