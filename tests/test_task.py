@@ -207,6 +207,9 @@ def test_a_bad_task_gets_one_clear_message(tmp_path):
            "it returned shape (8,)"),
       (jaxdl.Task(init=INIT, loss=reads_z, train=batch_of, name="r"),
        {}, "task 'r', loss: a loss that reads only the batch's fields (x, y); it read 'z'"),
+      (jaxdl.Task(init=INIT, loss=reads_z, train=batch_of, name="r", weighted=True),
+       {}, "task 'r', loss: a loss that reads only the batch's fields (x, y, weight); "
+           "it read 'z'"),
       (task(), {"algorithm": "ar_sgd", "batch_sizes": (4, 12), "workers": 2},
        "a weighted loss (Task(weighted=True)"),
       (task(), {"dataset": "mnist"}, "--dataset='mnist' is not valid: left unset: "
