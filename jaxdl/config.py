@@ -41,7 +41,9 @@ class ModelConfig:
   stem: Literal["auto", "cifar", "imagenet"] = "auto"
   """ResNet/VGG stem and head: imagenet for inputs of 128 px or more under auto."""
   parallelism: str = "data"
-  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker) or pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule; mlp, cnn and vit, for a synchronous algorithm)."""
+  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights split over --tensor-parallel devices, Megatron-style); mlp, cnn and vit, for a synchronous algorithm."""
+  tensor_parallel: int = 2
+  """--parallelism tensor: k, the devices each worker's weights are split over: dense layers in pairs by columns then rows, attention by heads then rows, convolutions by output channels (k must divide each split dimension)."""
   stages: int = 2
   """--parallelism pipeline: p, the stages (devices) each worker's model is cut into, balanced by parameter count."""
   microbatches: int = 4
@@ -578,36 +580,61 @@ def resolve(config: RunConfig):
   return spec, engine
 
 
-PARALLELISMS = ("data", "pipeline")
+PARALLELISMS = ("data", "pipeline", "tensor")
+UNSPLIT_ALGORITHMS = ("bsp",)
+"""Collective algorithms whose state keeps no layers to split (--parallelism tensor)."""
 PIPELINED_MODELS = ("mlp", "cnn", "vit")
 """The zoo models that are a sequence of stages (no batch norm)."""
 
 
 def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
-  """--parallelism pipeline's conditions: a synchronous algorithm on the mesh
-  engine, a model of stages, micro-batches that divide the batch, and
-  workers x stages devices."""
+  """--parallelism pipeline's and tensor's conditions: a synchronous
+  algorithm on the mesh engine, a zoo model with stages and splits (without
+  batch norm), micro-batches that divide the batch, workers x stages (or
+  x tensor devices) devices; the other's flags left at their defaults. (That
+  k divides every split dimension: the mesh engine, which builds the model.)"""
   from jaxdl.algorithms import Collective
   m = config.model
   if m.parallelism not in PARALLELISMS:
     raise ConfigError("parallelism", m.parallelism, "one of " + ", ".join(PARALLELISMS))
-  if m.parallelism == "data":
-    for field, value in (("stages", m.stages), ("microbatches", m.microbatches),
-                         ("pipeline_schedule", m.pipeline_schedule)):
-      if value != getattr(ModelConfig, field):
+  own = {"pipeline": ("stages", "microbatches", "pipeline_schedule"),
+         "tensor": ("tensor_parallel",)}
+  for parallelism, fields in own.items():
+    for field in fields:
+      value = getattr(m, field)
+      if m.parallelism != parallelism and value != getattr(ModelConfig, field):
         raise ConfigError(field, value, f"its default ({getattr(ModelConfig, field)}) with "
-                          "--parallelism data (it cuts a pipelined model)")
+                          f"--parallelism {m.parallelism} (it is --parallelism "
+                          f"{parallelism}'s)")
+  if m.parallelism == "data":
+    return
+  what = "a pipeline" if m.parallelism == "pipeline" else "a tensor split"
+  if spec.shape is not Collective or engine != "mesh":
+    raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
+                      f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "
+                      "local_sgd) on --engine mesh")
+  if m.model not in PIPELINED_MODELS or config.data.dataset.startswith(TASK_PREFIX):
+    why = ("a sequence of stages, no batch norm" if m.parallelism == "pipeline"
+           else "layers with a split, no batch norm")
+    raise ConfigError("model", m.model, "one of " + ", ".join(PIPELINED_MODELS)
+                      + f" with --parallelism {m.parallelism} ({why})")
+  if split_workers(config) or config.algorithm.sync_bn:
+    raise ConfigError("parallelism", m.parallelism, "data with --partition, --compute-time, "
+                      f"--worker-devices or --sync-bn ({what} is one SPMD program)")
+  if m.parallelism == "tensor":
+    if spec.name in UNSPLIT_ALGORITHMS:
+      raise ConfigError("parallelism", m.parallelism, f"data or pipeline for {spec.name}: its "
+                        "server's parameters are flat slices, which no split of the layers "
+                        "follows (sgd, ar_sgd and local_sgd split them)")
+    k = m.tensor_parallel
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+      raise ConfigError("tensor_parallel", k, "an integer >= 2 (the devices a worker's "
+                        "weights are split over)")
+    _check_devices(config, "tensor_parallel", k, "tensor devices")
     return
   from jaxdl.parallel.pipeline import SCHEDULES
   if m.pipeline_schedule not in SCHEDULES:
     raise ConfigError("pipeline_schedule", m.pipeline_schedule, "one of " + ", ".join(SCHEDULES))
-  if spec.shape is not Collective or engine != "mesh":
-    raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
-                      f"{engine}: a pipeline runs a synchronous algorithm (sgd, bsp, ar_sgd, "
-                      "local_sgd) on --engine mesh")
-  if m.model not in PIPELINED_MODELS or config.data.dataset.startswith(TASK_PREFIX):
-    raise ConfigError("model", m.model, "one of " + ", ".join(PIPELINED_MODELS)
-                      + " with --parallelism pipeline (a sequence of stages, no batch norm)")
   if isinstance(m.stages, bool) or not isinstance(m.stages, int) or m.stages < 2:
     raise ConfigError("stages", m.stages, "an integer >= 2 (the devices a model is cut over)")
   if isinstance(m.microbatches, bool) or not isinstance(m.microbatches, int) or \
@@ -618,16 +645,18 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
     raise ConfigError("microbatches", m.microbatches, f"a divisor of every worker's batch "
                       f"({', '.join(map(str, sorted(set(sizes))))}): equal batches cut into "
                       "equal micro-batches")
-  if split_workers(config) or config.algorithm.sync_bn:
-    raise ConfigError("parallelism", m.parallelism, "data with --partition, --compute-time, "
-                      "--worker-devices or --sync-bn (a pipeline is one SPMD program)")
+  _check_devices(config, "stages", m.stages, "stages")
+
+
+def _check_devices(config: RunConfig, field: str, row: int, unit: str) -> None:
+  """Enough devices for every worker's row of `row` (the value of `field`)."""
   import jax
-  needed, have = config.algorithm.workers * m.stages, len(jax.devices())
+  needed, have = config.algorithm.workers * row, len(jax.devices())
   if needed > have:
     most = have // config.algorithm.workers
     allowed = f"at most {most}" if most >= 2 else "2 or more devices a worker"
-    raise ConfigError("stages", m.stages, f"{allowed}: {config.algorithm.workers} workers x "
-                      f"{m.stages} stages need {needed} devices, and this process has {have} "
+    raise ConfigError(field, row, f"{allowed}: {config.algorithm.workers} workers x "
+                      f"{row} {unit} need {needed} devices, and this process has {have} "
                       "(on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
 
 

@@ -285,8 +285,23 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, flag, says", [
+    (["--algorithm", "bsp", "--parallelism", "zigzag"], "--parallelism",
+     "one of data, pipeline, tensor"),
     (["--algorithm", "bsp", "--parallelism", "tensor"], "--parallelism",
-     "one of data, pipeline"),
+     "data or pipeline for bsp: its server's parameters are flat slices"),
+    (["--algorithm", "asp", "--parallelism", "tensor"], "--parallelism",
+     "data for asp with --engine sim: a tensor split runs a synchronous algorithm"),
+    (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "1"],
+     "--tensor-parallel", "an integer >= 2"),
+    (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "3",
+      "--model", "mlp"], "--tensor-parallel", "a divisor of every split dimension of mlp's "
+     "layers: hidden/0/kernel has 256 along its split dimension 1"),
+    (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "8"],
+     "--tensor-parallel", "at most 4: 2 workers x 8 tensor devices need 16 devices"),
+    (["--algorithm", "ar_sgd", "--tensor-parallel", "4"], "--tensor-parallel",
+     "its default (2) with --parallelism data"),
+    (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--model", "cnn_bn"], "--model",
+     "one of mlp, cnn, vit with --parallelism tensor"),
     (["--algorithm", "asp", "--parallelism", "pipeline"], "--parallelism",
      "data for asp with --engine sim: a pipeline runs a synchronous algorithm"),
     (["--algorithm", "bsp", "--engine", "sim", "--parallelism", "pipeline"], "--parallelism",

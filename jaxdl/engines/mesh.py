@@ -26,7 +26,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
 from jaxdl.engines import base
+from jaxdl.errors import ConfigError
 from jaxdl.parallel.pipeline import STAGE_AXIS
+from jaxdl.parallel.tensor import TENSOR_AXIS, indivisible, leaf_dims
 from jaxdl.trace import Event
 
 DEVICE_AXIS, LOCAL_AXIS = "workers", "local"
@@ -55,6 +57,17 @@ def outside_persistent_cache():
   finally:
     jax.config.update("jax_enable_compilation_cache", enabled)
     reset_cache()
+
+
+def tensor_spec(leaf, dim: int) -> P:
+  """The spec of a worker's leaf in rows (worker w's rows w s0 ... (w + 1) s0
+  - 1 of one array) split over the workers and along the tensor axis at `dim`
+  (-1: none)."""
+  if dim < 0 or leaf.ndim == 0:
+    return P(DEVICE_AXIS)
+  if dim == 0:  # worker w's rows, then its k blocks of them
+    return P((DEVICE_AXIS, TENSOR_AXIS))
+  return P(DEVICE_AXIS, *([None] * (dim - 1)), TENSOR_AXIS)
 
 
 class MeshState(NamedTuple):
@@ -87,13 +100,17 @@ class MeshEngine(base.LocalProcess):
     self.num_workers = m = streams.num_workers
     devices = jax.devices()
     # --parallelism pipeline: each worker's model over a row of p devices
-    # (jaxdl.parallel.pipeline), one worker per row
-    self.stages = p = (config.model.stages if config is not None
-                       and config.model.parallelism == "pipeline" else 1)
+    # (jaxdl.parallel.pipeline), one worker per row; --parallelism tensor: each
+    # worker's weights split over a row of k devices (jaxdl.parallel.tensor)
+    parallelism = config.model.parallelism if config is not None else "data"
+    self.stages = p = config.model.stages if parallelism == "pipeline" else 1
     self.microbatches = config.model.microbatches if p > 1 else 1
-    d = m if p > 1 else device_count_for(m, len(devices))
-    names = (DEVICE_AXIS,) if p == 1 else (DEVICE_AXIS, STAGE_AXIS)
-    self.mesh = jax.make_mesh((d,) if p == 1 else (d, p), names, devices=devices[:d * p],
+    self.tensor = k = config.model.tensor_parallel if parallelism == "tensor" else 1
+    row = max(p, k)  # a worker's devices
+    d = m if row > 1 else device_count_for(m, len(devices))
+    second = (STAGE_AXIS,) if p > 1 else (TENSOR_AXIS,) if k > 1 else ()
+    names = (DEVICE_AXIS, *second)
+    self.mesh = jax.make_mesh((d, row)[:len(names)], names, devices=devices[:d * row],
                               axis_types=(jax.sharding.AxisType.Auto,) * len(names))
     per_device = m // d
     # On one device the step is a plain jit: no collective over a one-device
@@ -111,22 +128,33 @@ class MeshEngine(base.LocalProcess):
     self._arguments = None
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
+    params = jax.eval_shape(problem.task.init, key)[0]
     # A pipelined model's stage rows (and the optimizer state shaped like
     # them) lie along the stage axis, a row per device; the rest is replicated.
-    rows = jax.eval_shape(problem.task.init, key)[0]["stages"].shape if p > 1 else None
+    rows = params["stages"].shape if p > 1 else None
     staged = lambda x: x.shape == rows
     self._specs = jax.tree.map(
         lambda x: P((DEVICE_AXIS, STAGE_AXIS)) if staged(x) else P(DEVICE_AXIS),
         self._worker_shapes)
     self._shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self._specs)
+    if k > 1:  # split leaves along the tensor axis too (XLA partitions the step's math)
+      wrong = indivisible(config.model.model, params, k)
+      if wrong:
+        raise ConfigError("tensor_parallel", k, f"a divisor of every split dimension of "
+                          f"{config.model.model}'s layers: {wrong}")
+      dims = leaf_dims(config.model.model, params, self._worker_shapes)
+      self._shardings = jax.tree.map(lambda x, d: NamedSharding(self.mesh, tensor_spec(x, d)),
+                                     self._worker_shapes, dims)
     self._local_shapes = jax.tree.map(  # a device's block of a worker's leaves
         lambda x: jax.ShapeDtypeStruct((1, *x.shape[1:]) if staged(x) else x.shape, x.dtype),
         self._worker_shapes)
     self._local_workers = self._workers_of_this_process()
+    # (the tensor axis, if any, is left to XLA: manual over the others only)
+    manual = {DEVICE_AXIS, STAGE_AXIS} & set(names)
     device_step = self._device_step if d == 1 and p == 1 else jax.shard_map(
         self._device_step, mesh=self.mesh,
         in_specs=(MeshState(P(), self._specs), P(DEVICE_AXIS)),
-        out_specs=(MeshState(P(), self._specs), P()), check_vma=False)
+        out_specs=(MeshState(P(), self._specs), P()), axis_names=manual, check_vma=False)
     self.jitted_step = jax.jit(device_step,
         # Explicit, so the state comes back exactly as it went in (on one
         # device XLA would otherwise simplify some specs and force a retrace).
@@ -174,7 +202,8 @@ class MeshEngine(base.LocalProcess):
 
   def _workers_of_this_process(self) -> np.ndarray:
     per_device = self.axis.local_size
-    first = self.mesh.devices if self.stages == 1 else self.mesh.devices[:, 0]  # a stage's
+    devices = self.mesh.devices
+    first = devices if devices.ndim == 1 else devices[:, 0]  # a worker's first device
     mine = [i for i, dev in enumerate(first.flat)
             if dev.process_index == jax.process_index()]
     return np.array([i * per_device + l for i in mine for l in range(per_device)])
@@ -253,6 +282,8 @@ class MeshEngine(base.LocalProcess):
       figures["memory_per_device_bytes"] = {
           "arguments": memory.argument_size_in_bytes, "outputs": memory.output_size_in_bytes,
           "temporaries": memory.temp_size_in_bytes, "aliased": memory.alias_size_in_bytes}
+    if self.tensor > 1:
+      figures["tensor_parallel"] = self.tensor
     if self.stages > 1:
       from jaxdl.parallel.pipeline import bubble_fraction
       figures.update(stages=self.stages, microbatches=self.microbatches,

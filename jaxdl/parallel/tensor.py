@@ -1,0 +1,98 @@
+"""Tensor parallelism: each worker's weights split over a device axis.
+
+Megatron-style (Shoeybi et al. 2019): in a pair of dense layers the first is
+split by columns (its outputs: kernel dim 1, bias dim 0), the second by rows
+(its inputs: kernel dim 0, bias whole), so one all-reduce follows the pair;
+attention's query, key and value by heads and its output projection by
+rows; a convolution by its output channels. The splits are `NamedSharding`s
+of the parameters (and of the optimizer state shaped like them) along
+TENSOR_AXIS; XLA's partitioner inserts the collectives, so a split changes
+where the arithmetic runs, not its result (jaxdl.engines.mesh).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+TENSOR_AXIS = "tensor"
+"""The mesh axis a worker's split weights lie along (jaxdl.engines.mesh)."""
+
+COLUMNS, ROWS, HEADS, CHANNELS = "columns", "rows", "heads", "channels"
+TENSOR_MODELS = ("mlp", "cnn", "vit")
+"""The zoo models with a split of their layers."""
+
+# the dimension of a kernel and of a bias that each split cuts (None: whole)
+_DIMS = {COLUMNS: (1, 0), ROWS: (0, None), HEADS: (1, 0), CHANNELS: (3, 0)}
+
+
+def layer_splits(model: str, params: dict) -> dict[tuple, str]:
+  """Each split layer of the zoo model `model` (its parameters `params`, a
+  pure dict): {path of the layer: how it is split}."""
+  splits: dict[tuple, str] = {}
+  if model == "mlp":  # hidden layers by columns, rows, columns, ...; the head continues
+    hidden = sorted(params["hidden"])
+    for i in hidden:
+      splits[("hidden", i)] = COLUMNS if i % 2 == 0 else ROWS
+    splits[("head",)] = COLUMNS if len(hidden) % 2 == 0 else ROWS
+  elif model == "cnn":  # convolutions by channels; the dense pair by columns, rows
+    for i in params["convs"]:
+      splits[("convs", i)] = CHANNELS
+    splits[("dense",)], splits[("head",)] = COLUMNS, ROWS
+  elif model == "vit":  # each block: attention by heads then rows, its MLP columns, rows
+    for i in params["blocks"]:
+      block = ("blocks", i)
+      for name in ("query", "key", "value"):
+        splits[(*block, "attention", name)] = HEADS
+      splits[(*block, "attention", "out")] = ROWS
+      splits[(*block, "up")], splits[(*block, "down")] = COLUMNS, ROWS
+  else:
+    raise ValueError(f"no tensor split for model {model!r}: one of {', '.join(TENSOR_MODELS)}")
+  return splits
+
+
+def split_dims(model: str, params: dict) -> dict[tuple, int]:
+  """{path of a parameter: the dimension split along TENSOR_AXIS}; the
+  parameters not in it are whole on every device of the axis."""
+  dims = {}
+  for layer, how in layer_splits(model, params).items():
+    kernel, bias = _DIMS[how]
+    node = params
+    for key in layer:
+      node = node[key]
+    dims[(*layer, "kernel")] = kernel
+    if bias is not None and "bias" in node:
+      dims[(*layer, "bias")] = bias
+  return dims
+
+
+def _keys(path) -> tuple:
+  """A tree path's keys (dict keys, sequence indices, attribute names)."""
+  return tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
+
+
+def leaf_dims(model: str, params: dict, state: Any) -> Any:
+  """`state`'s leaves (a worker's: parameters, optimizer state, ...; `params`
+  the zoo model `model`'s) mapped to the dimension split along TENSOR_AXIS,
+  -1 for none: a leaf whose path ends with a split parameter's path and has
+  its shape is split as that parameter is."""
+  dims = split_dims(model, params)
+  shapes = {_keys(path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+  def dim(path, leaf):
+    keys = _keys(path)
+    return next((d for param, d in dims.items()
+                 if keys[-len(param):] == param and tuple(leaf.shape) == shapes[param]), -1)
+  return jax.tree_util.tree_map_with_path(dim, state)
+
+
+def indivisible(model: str, params: dict, k: int) -> str | None:
+  """The first split parameter whose split dimension `k` does not divide, in
+  words; None if k divides them all."""
+  sizes = {_keys(path): leaf.shape
+           for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  for path, d in split_dims(model, params).items():
+    if sizes[path][d] % k:
+      return f"{'/'.join(map(str, path))} has {sizes[path][d]} along its split dimension {d}"
+  return None
