@@ -1,4 +1,5 @@
-"""Pipeline parallelism's throughput against its ideal.
+"""Pipeline parallelism's throughput against its ideal; tensor parallelism's
+against data parallelism's.
 
 One worker's model (the ViT by default) cut into p stages on p devices
 (--parallelism pipeline), each batch into m micro-batches: its samples/s
@@ -14,8 +15,14 @@ set here before jax is imported unless XLA_FLAGS already sets a count). On
 a machine with fewer cores than stages the devices share the cores, and the
 speedup is bounded by the cores, not by the bubble.
 
+Tensor parallelism (--parallelism tensor, one worker's weights over k
+devices) against data parallelism on as many devices (ar_sgd, k workers of
+batch / k: the same global batch), both against the one device: the bench
+prints both speedups and their ratio.
+
   python -m bench.pipeline                       # vit, 32x32x3, batch 64
   python -m bench.pipeline --stages 2 4 --microbatches 1 4 8 --rounds 9
+  python -m bench.pipeline --stages --tensor 2 4 8   # tensor against data only
 """
 from __future__ import annotations
 
@@ -53,18 +60,20 @@ class Args:
   """Micro-batch counts m (each must divide --batch)."""
   schedules: tuple[str, ...] = ("gpipe", "1f1b")
   """Pipeline schedules."""
+  tensor: tuple[int, ...] = (2, 4)
+  """Tensor-parallel device counts k (each also the data-parallel arm's workers)."""
   steps: int = 3
   """Steps per arm per round."""
   rounds: int = 7
   """Rounds; each arm's figure is its median over rounds."""
 
 
-def arm(args: Args, **pipeline) -> tuple:
-  """A `run(n)` of n training steps of one worker (sgd) on the mesh engine, and
-  the engine."""
-  config = RunConfig.make(algorithm="sgd", model=args.model, dataset="synthetic",
-                          image_size=args.image_size, batch_size=args.batch,
-                          schedule="constant", steps=10**6, progress=False, **pipeline)
+def arm(args: Args, **settings) -> tuple:
+  """A `run(n)` of n training steps on the mesh engine (one worker's sgd
+  unless `settings` say otherwise), and the engine."""
+  settings = {"algorithm": "sgd", "batch_size": args.batch, **settings}
+  config = RunConfig.make(model=args.model, dataset="synthetic", image_size=args.image_size,
+                          schedule="constant", steps=10**6, progress=False, **settings)
   engine = setup(config).engine
   state = [engine.init(jax.random.key(0))]
   batch = engine.batch(0)
@@ -93,6 +102,16 @@ def main(args: Args) -> int:
         print(f"{schedule:<8}{p:>3}{m:>4}{1e3 * many:>10.2f}{one / many:>9.2f}{ideal:>7.2f}"
               f"{one / many / ideal:>7.2f}{bubble_fraction(p, m):>8.2f}")
         del engine
+  if args.tensor:
+    print(f"\n{'k':>3}{'tensor ms/step':>16}{'speedup':>9}{'data ms/step':>14}{'speedup':>9}"
+          f"{'tensor/data':>13}")
+  for k in args.tensor:
+    split, _ = arm(args, parallelism="tensor", tensor_parallel=k)
+    data, _ = arm(args, algorithm="ar_sgd", workers=k, batch_size=args.batch // k)
+    times = interleaved({"whole": whole, "tensor": split, "data": data}, args.steps,
+                        args.rounds)
+    one, t, d = (statistics.median(times[a]) for a in ("whole", "tensor", "data"))
+    print(f"{k:>3}{1e3 * t:>16.2f}{one / t:>9.2f}{1e3 * d:>14.2f}{one / d:>9.2f}{d / t:>13.2f}")
   return 0
 
 

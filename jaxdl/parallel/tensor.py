@@ -30,11 +30,10 @@ def layer_splits(model: str, params: dict) -> dict[tuple, str]:
   """Each split layer of the zoo model `model` (its parameters `params`, a
   pure dict): {path of the layer: how it is split}."""
   splits: dict[tuple, str] = {}
-  if model == "mlp":  # hidden layers by columns, rows, columns, ...; the head continues
-    hidden = sorted(params["hidden"])
-    for i in hidden:
-      splits[("hidden", i)] = COLUMNS if i % 2 == 0 else ROWS
-    splits[("head",)] = COLUMNS if len(hidden) % 2 == 0 else ROWS
+  if model == "mlp":  # its dense layers in (columns, rows) pairs; one left over: whole
+    layers = [("hidden", i) for i in sorted(params["hidden"])] + [("head",)]
+    for i in range(len(layers) // 2 * 2):
+      splits[layers[i]] = COLUMNS if i % 2 == 0 else ROWS
   elif model == "cnn":  # convolutions by channels; the dense pair by columns, rows
     for i in params["convs"]:
       splits[("convs", i)] = CHANNELS

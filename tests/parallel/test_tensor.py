@@ -15,13 +15,16 @@ def _params(model):
 
 
 def test_dense_layers_split_in_column_row_pairs_and_attention_by_heads():
-  """The MLP's hidden layers by columns then rows, its head by columns again;
+  """The MLP's two hidden layers by columns then rows, its head (left over
+  from the pairs) whole;
   a ViT block's query, key and value by heads (their (in, heads, head
   dim) kernels' dim 1), its output projection and second dense layer by
   rows, its first by columns; a row split's bias whole."""
   mlp = split_dims("mlp", _params("mlp"))
   assert mlp == {("hidden", 0, "kernel"): 1, ("hidden", 0, "bias"): 0,
-                 ("hidden", 1, "kernel"): 0, ("head", "kernel"): 1, ("head", "bias"): 0}
+                 ("hidden", 1, "kernel"): 0}
+  one = split_dims("mlp", {"hidden": {0: {"kernel": 0, "bias": 0}}, "head": {"kernel": 0}})
+  assert one == {("hidden", 0, "kernel"): 1, ("hidden", 0, "bias"): 0, ("head", "kernel"): 0}
   vit = split_dims("vit", _params("vit"))
   block = lambda *key: vit.get(("blocks", 2, *key))
   assert [block("attention", n, "kernel") for n in ("query", "key", "value", "out")] == \
