@@ -358,11 +358,14 @@ class _Training:
     return summary
 
   def _target_and_cost(self, summary: dict[str, Any]) -> dict[str, Any]:
-    """--target-accuracy's and --price-per-device-hour's figures, from the
-    run's evaluations (metrics.jsonl: the whole run's, after a resume too)
-    and its time (simulated on the sim engine, else wall)."""
-    c, figures = self.s.config.train, {}
+    """Seconds per epoch, and --target-accuracy's and --price-per-device-hour's
+    figures, from the run's evaluations (metrics.jsonl: the whole run's,
+    after a resume too) and its time (simulated on the sim engine, else
+    wall)."""
+    c = self.s.config.train
     simulated = "simulated_time_s" in summary
+    seconds = summary["simulated_time_s" if simulated else "wall_time_s"]
+    figures = {"seconds_per_epoch": seconds / summary["epochs"] if summary["epochs"] else None}
     hit = None
     at = lambda key: None if hit is None else hit[key]
     if c.target_accuracy is not None:
@@ -375,7 +378,6 @@ class _Training:
     if c.price_per_device_hour is not None:
       devices = self.s.config.algorithm.workers if simulated else summary["devices"]
       rate = devices * c.price_per_device_hour / 3600  # per second
-      seconds = summary["simulated_time_s" if simulated else "wall_time_s"]
       figures.update(cost=rate * seconds, cost_devices=devices,
                      cost_to_target=None if hit is None else rate * hit["time"])
     return figures

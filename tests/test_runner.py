@@ -203,6 +203,7 @@ def test_time_and_cost_to_a_target(tmp_path, engine, workers):
   else:
     expected, devices, time_s = first["wall_time_s"], summary["devices"], summary["wall_time_s"]
   assert devices == workers
+  assert summary["seconds_per_epoch"] == pytest.approx(time_s / 2, rel=1e-9)  # 2 epochs
   assert summary["time_to_target_s"] == pytest.approx(expected, rel=1e-9)
   assert summary["cost"] == pytest.approx(devices * time_s / 3600 * 3.0, rel=1e-9)
   assert summary["cost_to_target"] == pytest.approx(devices * expected / 3600 * 3.0, rel=1e-9)
