@@ -70,3 +70,19 @@ def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model,
   assert all(TENSOR_AXIS in str(x.sharding.spec) for x in split_leaves)
   memory = [e.figures()["memory_per_device_bytes"]["arguments"] for e in (split, whole)]
   assert memory[0] < memory[1], memory
+
+
+def test_a_tensor_parallel_run_resumes_bit_for_bit(tmp_path):
+  """Killed after its checkpoint at step 3 (the last one removed), a tensor
+  parallel run resumes with its state split as before: the same final
+  parameters, bit for bit, as the run that was not stopped."""
+  import shutil
+
+  import jaxdl
+  flags = dict(algorithm="ar_sgd", workers=2, model="mlp", parallelism="tensor",
+               tensor_parallel=2, steps=6, checkpoint_every=3, progress=False)
+  whole = jaxdl.run(RunConfig.make(**flags, out=str(tmp_path / "a")))
+  assert whole["tensor_parallel"] == 2 and whole["devices"] == 4
+  shutil.rmtree(tmp_path / "a" / "checkpoints" / "6")
+  resumed = jaxdl.run(RunConfig.make(**flags, out=str(tmp_path / "a"), resume=True))
+  assert resumed["params_fingerprint"] == whole["params_fingerprint"]
