@@ -353,11 +353,11 @@ class _Training:
     summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
       self._write_trace()
-      summary.update(self._target_and_cost(summary))
+      summary.update(self._time_figures(summary))
       rundir.write_json(self.out / rundir.SUMMARY, summary)
     return summary
 
-  def _target_and_cost(self, summary: dict[str, Any]) -> dict[str, Any]:
+  def _time_figures(self, summary: dict[str, Any]) -> dict[str, Any]:
     """Seconds per epoch, and --target-accuracy's and --price-per-device-hour's
     figures, from the run's evaluations (metrics.jsonl: the whole run's,
     after a resume too) and its time (simulated on the sim engine, else
