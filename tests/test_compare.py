@@ -152,7 +152,7 @@ def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ipdps21_table3", "lcasgd_table3",
-                                  "hyperparameter_sensitivity", "partitions"])
+                                  "hyperparameter_sensitivity", "partitions", "strategies"])
 def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
   from pathlib import Path
   path = Path(__file__).parent.parent / "experiments" / f"{name}.py"
@@ -167,6 +167,12 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
   if name == "partitions":
     assert [v.label for v in grid.variants] == ["ar_sgd", "ar_sgd_proportional",
                                                 "ar_sgd_adaptive"]
+  if name == "strategies":  # one device; the others at 2 workers or 2 devices a worker
+    cells = {c.variant: c for c in grid.cells()}
+    assert list(cells) == ["single", "data", "gpipe", "model", "tensor"]
+    assert [cells[v].workers for v in cells] == [1, 2, 1, 1, 1]
+    assert cells["gpipe"].overrides["microbatches"] == 4
+    assert cells["model"].overrides["microbatches"] == 1
 
 
 def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
