@@ -81,6 +81,9 @@ def build_task(config: RunConfig) -> Task:
     m = config.model
     return pipeline_task(name, dataset, m.stem, m.stages, m.microbatches, m.pipeline_schedule)
   model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
+  if config.model.parallelism == "tensor":
+    from jaxdl.parallel.tensor import tensor_task
+    return tensor_task(classification(model, dataset), name)
   return classification(model, dataset)
 
 

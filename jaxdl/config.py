@@ -581,8 +581,6 @@ def resolve(config: RunConfig):
 
 
 PARALLELISMS = ("data", "pipeline", "tensor")
-UNSPLIT_ALGORITHMS = ("bsp",)
-"""Collective algorithms whose state keeps no layers to split (--parallelism tensor)."""
 PIPELINED_MODELS = ("mlp", "cnn", "vit")
 """The zoo models that are a sequence of stages (no batch norm)."""
 
@@ -622,10 +620,6 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
     raise ConfigError("parallelism", m.parallelism, "data with --partition, --compute-time, "
                       f"--worker-devices or --sync-bn ({what} is one SPMD program)")
   if m.parallelism == "tensor":
-    if spec.name in UNSPLIT_ALGORITHMS:
-      raise ConfigError("parallelism", m.parallelism, f"data or pipeline for {spec.name}: its "
-                        "server's parameters are flat slices, which no split of the layers "
-                        "follows (sgd, ar_sgd and local_sgd split them)")
     k = m.tensor_parallel
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
       raise ConfigError("tensor_parallel", k, "an integer >= 2 (the devices a worker's "

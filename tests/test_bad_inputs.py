@@ -287,8 +287,6 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
 @pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "bsp", "--parallelism", "zigzag"], "--parallelism",
      "one of data, pipeline, tensor"),
-    (["--algorithm", "bsp", "--parallelism", "tensor"], "--parallelism",
-     "data or pipeline for bsp: its server's parameters are flat slices"),
     (["--algorithm", "asp", "--parallelism", "tensor"], "--parallelism",
      "data for asp with --engine sim: a tensor split runs a synchronous algorithm"),
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "1"],

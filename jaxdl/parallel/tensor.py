@@ -11,9 +11,11 @@ where the arithmetic runs, not its result (jaxdl.engines.mesh).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 TENSOR_AXIS = "tensor"
 """The mesh axis a worker's split weights lie along (jaxdl.engines.mesh)."""
@@ -95,3 +97,19 @@ def indivisible(model: str, params: dict, k: int) -> str | None:
     if sizes[path][d] % k:
       return f"{'/'.join(map(str, path))} has {sizes[path][d]} along its split dimension {d}"
   return None
+
+
+def tensor_task(task, model: str):
+  """`task` (a zoo model's classification) whose loss sees its parameters
+  split as `split_dims` says wherever the mesh has TENSOR_AXIS (a sharding
+  constraint: a no-op where they lie so already; for bsp, whose workers
+  gather flat slices of them, it puts the gathered parameters' layers on the
+  tensor axis before the loss's arithmetic)."""
+  def loss(params, model_state, batch, key, stats=None):
+    mesh = jax.sharding.get_abstract_mesh()
+    if TENSOR_AXIS in getattr(mesh, "axis_names", ()):
+      spec = lambda d: P(*([None] * d), TENSOR_AXIS) if d >= 0 else P()
+      params = jax.tree.map(lambda x, d: jax.lax.with_sharding_constraint(x, spec(d)),
+                            params, leaf_dims(model, params, params))
+    return task.loss(params, model_state, batch, key, stats)
+  return dataclasses.replace(task, loss=loss)
