@@ -11,7 +11,7 @@ Scales (``--scale``, or ``JAXDL_SCALE`` for `jaxdl compare --experiment`):
   paper  the ViT on CIFAR-10 (``tfds:cifar10`` in ``--data-dir``), batch 128
          a worker (the seed's), 20 epochs.
 
-Cells (``single``, ``data``, ``gpipe``, ``model``, ``tensor``): sgd on one
+Cells (``sgd``, ``data``, ``gpipe``, ``model``, ``tensor``): sgd on one
 device; ar_sgd with 2 workers (the global batch twice one device's, as the
 seed's data parallel run); sgd with the ViT in 2 stages and 4 micro-batches
 (GPipe) or 1 (the stages one after the other); sgd with the weights split
@@ -39,7 +39,7 @@ from jaxdl.compare import Grid, Variant  # noqa: E402
 
 PIPELINE = (("parallelism", "pipeline"), ("stages", 2))
 VARIANTS = (
-    Variant("sgd", name="single"),
+    Variant("sgd"),  # one device: every table's baseline
     Variant("ar_sgd", name="data"),
     Variant("sgd", (*PIPELINE, ("microbatches", 4)), name="gpipe"),
     Variant("sgd", (*PIPELINE, ("microbatches", 1)), name="model"),

@@ -351,6 +351,35 @@ class Report:
                       "idle (% of worker time)", "batch seconds per worker (mean ± std)",
                       self.label], rows)
 
+  def strategies(self, network: str) -> list[CellResult]:
+    """The cells of a comparison of parallelisms (one of them pipelined or
+    tensor parallel): those that ran on devices (the mesh engine's memory
+    analysis)."""
+    cells = [c for c in self.train if c.network == network
+             and c.summary.get("memory_per_device_bytes")]
+    split = any(c.summary.get("stages") or c.summary.get("tensor_parallel") for c in cells)
+    return cells if split else []
+
+  def strategies_table(self, network: str) -> str:
+    """The ASU seed's table: each cell's strategy, devices, global batch,
+    samples/s, memory per device, time per epoch, time to the target and
+    cost (with --price-per-device-hour)."""
+    rows = []
+    for c in self.strategies(network):
+      s = c.summary
+      strategy = (f"pipeline, {s['stages']} stages x {s['microbatches']} micro-batches"
+                  if s.get("stages") else f"tensor, {s['tensor_parallel']} devices a worker"
+                  if s.get("tensor_parallel") else f"data, {c.workers} worker(s)")
+      memory = s["memory_per_device_bytes"]
+      mb = (memory["arguments"] + memory["temporaries"]) / 1e6
+      row = [c.variant, strategy, str(s.get("devices")), str(sum(s.get("batch_sizes") or [])),
+             _fmt(c.throughput, ",.0f"), _fmt(mb, ".2f"), _fmt(s.get("seconds_per_epoch"), ".4g"),
+             _fmt(c.time_to(self.target), ".4g"), _fmt(s.get("cost"), ".4g")]
+      rows.append(row if not c.diverged else row[:4] + [DIVERGED] + ["—"] * 4)
+    return _markdown(["cell", "strategy", "devices", "global batch", "samples/s",
+                      "memory per device (MB: arguments + temporaries)", "time per epoch (s)",
+                      f"time to {self.target:.2f} (s)", "cost"], rows)
+
   def staleness_notes(self, network: str) -> str:
     """What the staleness column counts, and the SSP cells whose bound never
     bound: no worker waited on it, or the parameters equal asp's bit for bit."""
@@ -400,6 +429,9 @@ class Report:
       if self.heterogeneous(net):
         parts += [f"### Partitions of the global batch: time per epoch, idle workers{where} "
                   "(the Choi seed's comparison)", self.partition_table(net)]
+      if self.strategies(net):
+        parts += [f"### Parallelisms: throughput, memory, time and cost{where} (the ASU "
+                  "seed's comparison)", self.strategies_table(net)]
       notes = self.staleness_notes(net)
       parts += [notes] if notes else []
     diverged = [c for c in self.train + self.timing if c.diverged]

@@ -169,7 +169,7 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
                                                 "ar_sgd_adaptive"]
   if name == "strategies":  # one device; the others at 2 workers or 2 devices a worker
     cells = {c.variant: c for c in grid.cells()}
-    assert list(cells) == ["single", "data", "gpipe", "model", "tensor"]
+    assert list(cells) == ["sgd", "data", "gpipe", "model", "tensor"]
     assert [cells[v].workers for v in cells] == [1, 2, 1, 1, 1]
     assert cells["gpipe"].overrides["microbatches"] == 4
     assert cells["model"].overrides["microbatches"] == 1

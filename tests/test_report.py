@@ -263,3 +263,32 @@ def test_a_language_model_comparison_reads_lower_nats_as_better(tmp_path):
   with pytest.raises(report.ConfigError, match="--target=0.0 .*test nats per char > 0"):
     report.Report(d, 0.0)
   assert report.Report(d, 2.0).target == 2.0  # any positive nats: not an accuracy
+
+
+def test_the_parallelisms_table(tmp_path, comparison):
+  """Cells that ran on devices, one of them pipelined or tensor parallel: the
+  ASU seed's table (strategy, devices, global batch, samples/s, memory per
+  device, time per epoch, time to the target, cost); none in a comparison
+  without such cells."""
+  assert report.Report(comparison).strategies("10gbps") == []
+  assert "Parallelisms" not in report.Report(comparison).tables()
+  d = tmp_path / "strategies"
+  mesh = lambda **s: {"samples": 1000, "wall_time_s": 2.0, "test_accuracy": 0.9,
+                      "seconds_per_epoch": 1.0, "cost": 0.5,
+                      "memory_per_device_bytes": {"arguments": 3e6, "temporaries": 1e6,
+                                                  "outputs": 0, "aliased": 0}, **s}
+  _run_dir(d, "sgd-m1", mesh(devices=1, batch_sizes=[32]), evals=[(2, 0.9, 1.5)],
+           algorithm="sgd", workers=1, engine="mesh")
+  _run_dir(d, "tensor-m1", mesh(devices=2, batch_sizes=[32], tensor_parallel=2,
+                                memory_per_device_bytes={"arguments": 1e6, "temporaries": 1e6,
+                                                         "outputs": 0, "aliased": 0}),
+           evals=[(2, 0.9, 1.8)], algorithm="sgd", workers=1, engine="mesh")
+  _run_dir(d, "gpipe-m1", mesh(devices=2, batch_sizes=[32], stages=2, microbatches=4),
+           evals=[(2, 0.9, 1.9)], algorithm="sgd", workers=1, engine="mesh")
+  (d / "grid.json").write_text(json.dumps({"cells": [
+      {"name": f"{v}-m1", "variant": v} for v in ("sgd", "tensor", "gpipe")]}))
+  rows = _rows(report.Report(d, target=0.9).strategies_table("10gbps"))
+  assert rows["sgd"] == ["data, 1 worker(s)", "1", "32", "500", "4.00", "1", "1.5", "0.5"]
+  assert rows["tensor"][:5] == ["tensor, 2 devices a worker", "2", "32", "500", "2.00"]
+  assert rows["gpipe"][0] == "pipeline, 2 stages x 4 micro-batches"
+  assert rows["gpipe"][6] == "1.9"  # its time to 0.90: its first evaluation at it
