@@ -128,7 +128,7 @@ class MeshEngine(base.LocalProcess):
     self._arguments = None
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
-    params = jax.eval_shape(problem.task.init, key)[0]
+    params = jax.eval_shape(problem.task.init, key)[0] if row > 1 else None
     # A pipelined model's stage rows (and the optimizer state shaped like
     # them) lie along the stage axis, a row per device; the rest is replicated.
     rows = params["stages"].shape if p > 1 else None
