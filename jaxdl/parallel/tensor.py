@@ -72,14 +72,18 @@ def _keys(path) -> tuple:
   return tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
 
 
+def _shapes(params: dict) -> dict[tuple, tuple]:
+  """{path of a parameter: its shape}."""
+  return {_keys(path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
 def leaf_dims(model: str, params: dict, state: Any) -> Any:
   """`state`'s leaves (a worker's: parameters, optimizer state, ...; `params`
   the zoo model `model`'s) mapped to the dimension split along TENSOR_AXIS,
   -1 for none: a leaf whose path ends with a split parameter's path and has
   its shape is split as that parameter is."""
-  dims = split_dims(model, params)
-  shapes = {_keys(path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  dims, shapes = split_dims(model, params), _shapes(params)
 
   def dim(path, leaf):
     keys = _keys(path)
@@ -91,8 +95,7 @@ def leaf_dims(model: str, params: dict, state: Any) -> Any:
 def indivisible(model: str, params: dict, k: int) -> str | None:
   """The first split parameter whose split dimension `k` does not divide, in
   words; None if k divides them all."""
-  sizes = {_keys(path): leaf.shape
-           for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  sizes = _shapes(params)
   for path, d in split_dims(model, params).items():
     if sizes[path][d] % k:
       return f"{'/'.join(map(str, path))} has {sizes[path][d]} along its split dimension {d}"
