@@ -1,6 +1,7 @@
 """The ASU seed's comparison: one device, data parallel, GPipe, model
 parallel (the layers cut over devices without micro-batches) and tensor
-parallel, each on the mesh engine with the same batch a device.
+parallel, each on the mesh engine with the same batch a device (at mini
+scale, `jaxdl compare --grid strategies`).
 
   python experiments/strategies.py                   # miniature, on 2 forced CPU devices
   python experiments/strategies.py --scale paper --data-dir DIR   # the ViT on CIFAR-10
@@ -35,21 +36,11 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 # pylint: disable=wrong-import-position
 from jaxdl.cli import experiment_main  # noqa: E402
-from jaxdl.compare import Grid, Variant  # noqa: E402
+from jaxdl.compare import STRATEGIES_GRID, Grid  # noqa: E402
 
-PIPELINE = (("parallelism", "pipeline"), ("stages", 2))
-VARIANTS = (
-    Variant("sgd"),  # one device: every table's baseline
-    Variant("ar_sgd", name="data"),
-    Variant("sgd", (*PIPELINE, ("microbatches", 4)), name="gpipe"),
-    Variant("sgd", (*PIPELINE, ("microbatches", 1)), name="model"),
-    Variant("sgd", (("parallelism", "tensor"), ("tensor_parallel", 2)), name="tensor"),
-)
-
-MESH = (("engine", "mesh"), ("model", "vit"), ("schedule", "constant"), ("seed", 0))
-MINI_RUN = (("dataset", "digits"), ("batch_size", 32), ("lr", 0.05), ("epochs", 5.0), *MESH)
-PAPER_RUN = (("dataset", "tfds:cifar10"), ("batch_size", 128), ("lr", 0.05),
-             ("momentum", 0.9), ("epochs", 20.0), *MESH)
+MINI_RUN = STRATEGIES_GRID.run  # `jaxdl compare --grid strategies`
+PAPER_RUN = tuple({**dict(MINI_RUN), "dataset": "tfds:cifar10", "batch_size": 128,
+                   "momentum": 0.9, "epochs": 20.0}.items())
 
 
 def grid(scale: str) -> Grid:
@@ -57,8 +48,7 @@ def grid(scale: str) -> Grid:
   run = {"mini": MINI_RUN, "paper": PAPER_RUN}.get(scale)
   if run is None:
     raise ValueError(f"--scale {scale!r}: mini or paper")
-  return Grid(variants=VARIANTS, workers=(2,), networks=("10gbps",), timing_networks=(),
-              run=run)
+  return STRATEGIES_GRID.replace(run=run)
 
 
 GRID = grid(os.environ.get("JAXDL_SCALE", "mini"))

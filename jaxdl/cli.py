@@ -141,7 +141,7 @@ def _compare(args: list[str]) -> int:
                         return_unknown_args=True, prog="jaxdl compare",
                         description=f"{inspect.cleandoc(compare.CompareArgs.__doc__)}\n\n"
                                     f"{compare.passed_on()}")
-  grid = compare.load_experiment(opts.experiment) if opts.experiment else compare.DEFAULT_GRID
+  grid = compare.named_grid(opts)
   run_flags = {}
   if rest:  # `jaxdl run` flags: settings shared by every cell
     base = RunConfig.make(**compare.section_fields(grid.run))

@@ -183,8 +183,36 @@ DC_ASGD_A = Variant("dc_asgd", (("dc_adaptive", True), ("dc_lambda", 2.0)), name
 DEFAULT_GRID = Grid(variants=(Variant("sgd"), IPDPS21_VARIANTS[0], Variant("ar_sgd"),
                               *IPDPS21_VARIANTS[1:], DC_ASGD_A, Variant("lc_asgd")))
 
+# The ASU seed's strategies on the mesh engine, a worker's batch the same in
+# each: one device (sgd: every table's baseline), data parallel (2 workers),
+# GPipe (2 stages, 4 micro-batches), model parallel (2 stages, 1) and tensor
+# parallel (2 devices); the ViT, without batch norm, cut and split by all.
+_STAGES = (("parallelism", "pipeline"), ("stages", 2))
+STRATEGY_VARIANTS = (
+    Variant("sgd"), Variant("ar_sgd", name="data"),
+    Variant("sgd", (*_STAGES, ("microbatches", 4)), name="gpipe"),
+    Variant("sgd", (*_STAGES, ("microbatches", 1)), name="model"),
+    Variant("sgd", (("parallelism", "tensor"), ("tensor_parallel", 2)), name="tensor"))
+STRATEGIES_GRID = Grid(variants=STRATEGY_VARIANTS, workers=(2,), timing_networks=(), run=(
+    ("dataset", "digits"), ("model", "vit"), ("engine", "mesh"), ("batch_size", 32),
+    ("lr", 0.05), ("schedule", "constant"), ("epochs", 5.0), ("seed", 0)))
+GRIDS = {"default": DEFAULT_GRID, "strategies": STRATEGIES_GRID}
+"""The grids `jaxdl compare --grid NAME` runs."""
+
 
 _LOADED: dict[str, Grid] = {}
+
+
+def named_grid(args: CompareArgs) -> Grid:
+  """The grid that --grid or --experiment names."""
+  if args.experiment:
+    if args.grid != CompareArgs.grid:
+      raise ConfigError("grid", args.grid, f"its default ({CompareArgs.grid}) with "
+                        "--experiment, which gives the grid")
+    return load_experiment(args.experiment)
+  if args.grid not in GRIDS:
+    raise ConfigError("grid", args.grid, "one of " + ", ".join(GRIDS))
+  return GRIDS[args.grid]
 
 
 def load_experiment(path: str) -> Grid:
@@ -237,8 +265,10 @@ class CompareArgs:
   easgd_tau8, gosgd_p1, gosgd_p0.1, gosgd_p0.01, ad_psgd, dc_asgd (DC-ASGD-a,
   lambda0 2), lc_asgd at 4, 8 and 16 workers. `jaxdl report DIR` redoes the
   tables and plots."""
+  grid: str = "default"
+  """The grid: default (the miniature IPDPS'21 + LC-ASGD comparison above) or strategies (the ASU seed's: one device, data parallel on 2 workers, GPipe and model parallel on 2 stages, tensor parallel on 2 devices; the ViT on digits, --engine mesh, which needs 2 devices: on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2). The flags below override it."""
   experiment: str | None = None
-  """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py); the flags below override it. Unset: the miniature IPDPS'21 + LC-ASGD grid on digits."""
+  """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py), instead of --grid; the flags below override it."""
   algorithms: tuple[str, ...] | None = None
   """Variants, e.g. sgd bsp asp ssp_s3 easgd_tau8 gosgd_p0.1 ad_psgd (asp_abn: asp with --async-bn); a bare ssp, easgd, local_sgd or gosgd takes the values of the lists below."""
   workers: tuple[int, ...] | None = None

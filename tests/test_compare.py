@@ -211,3 +211,22 @@ def test_compare_help_lists_the_run_flags_it_passes_on(capsys):
     flag = "--" + field.replace("_", "-")
     assert (flag + "," in refused or flag + " (" in refused) == (field in PER_CELL), flag
     assert (flag + "," in shared or flag + ";" in shared) == (field not in PER_CELL), flag
+
+
+def test_a_named_grid(tmp_path, capsys):
+  """--grid strategies is the strategies experiment's mini scale; an unknown
+  name, or one given with --experiment, is refused in one line."""
+  from pathlib import Path
+  strategies = compare.named_grid(compare.CompareArgs(grid="strategies"))
+  assert strategies == compare.STRATEGIES_GRID and compare.check_cells(strategies, tmp_path) == {}
+  path = Path(__file__).parent.parent / "experiments" / "strategies.py"
+  assert compare.load_experiment(str(path)).cells() == strategies.cells()
+  assert compare.named_grid(compare.CompareArgs()) is compare.DEFAULT_GRID
+  for args, says in ((["--grid", "nope"], "--grid='nope' is not valid: one of default, "
+                      "strategies"),
+                     (["--grid", "strategies", "--experiment", str(path)],
+                      "--grid='strategies' is not valid: its default (default) with "
+                      "--experiment, which gives the grid")):
+    assert main(["compare", "--out", str(tmp_path / "c"), *args]) == 2
+    assert capsys.readouterr().err.strip() == f"jaxdl compare: error: {says}"
+  assert not (tmp_path / "c").exists()
