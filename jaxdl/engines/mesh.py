@@ -28,7 +28,7 @@ from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.errors import ConfigError
 from jaxdl.parallel.pipeline import STAGE_AXIS
-from jaxdl.parallel.tensor import TENSOR_AXIS, indivisible, leaf_dims
+from jaxdl.parallel.tensor import TENSOR_AXIS, dim_spec, indivisible, leaf_dims
 from jaxdl.trace import Event
 
 DEVICE_AXIS, LOCAL_AXIS = "workers", "local"
@@ -59,15 +59,12 @@ def outside_persistent_cache():
     reset_cache()
 
 
-def tensor_spec(leaf, dim: int) -> P:
-  """The spec of a worker's leaf in rows (worker w's rows w s0 ... (w + 1) s0
-  - 1 of one array) split over the workers and along the tensor axis at `dim`
-  (-1: none)."""
-  if dim < 0 or leaf.ndim == 0:
-    return P(DEVICE_AXIS)
-  if dim == 0:  # worker w's rows, then its k blocks of them
-    return P((DEVICE_AXIS, TENSOR_AXIS))
-  return P(DEVICE_AXIS, *([None] * (dim - 1)), TENSOR_AXIS)
+def in_rows(spec: P) -> P:
+  """A worker's leaf's `spec` for the leaf in rows (worker w's rows w s0 ...
+  (w + 1) s0 - 1 of one array): its first dimension split over the workers
+  first, then as `spec` splits it."""
+  first = spec[0] if len(spec) else None
+  return P(DEVICE_AXIS if first is None else (DEVICE_AXIS, first), *spec[1:])
 
 
 class MeshState(NamedTuple):
@@ -134,7 +131,7 @@ class MeshEngine(base.LocalProcess):
     rows = params["stages"].shape if p > 1 else None
     staged = lambda x: x.shape == rows
     self._specs = jax.tree.map(
-        lambda x: P((DEVICE_AXIS, STAGE_AXIS)) if staged(x) else P(DEVICE_AXIS),
+        lambda x: in_rows(P(STAGE_AXIS) if staged(x) else P()),
         self._worker_shapes)
     self._shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self._specs)
     if k > 1:  # split leaves along the tensor axis too (XLA partitions the step's math)
@@ -143,8 +140,8 @@ class MeshEngine(base.LocalProcess):
         raise ConfigError("tensor_parallel", k, f"a divisor of every split dimension of "
                           f"{config.model.model}'s layers: {wrong}")
       dims = leaf_dims(config.model.model, params, self._worker_shapes)
-      self._shardings = jax.tree.map(lambda x, d: NamedSharding(self.mesh, tensor_spec(x, d)),
-                                     self._worker_shapes, dims)
+      self._shardings = jax.tree.map(
+          lambda d: NamedSharding(self.mesh, in_rows(dim_spec(d))), dims)
     self._local_shapes = jax.tree.map(  # a device's block of a worker's leaves
         lambda x: jax.ShapeDtypeStruct((1, *x.shape[1:]) if staged(x) else x.shape, x.dtype),
         self._worker_shapes)

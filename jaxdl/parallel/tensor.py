@@ -102,6 +102,12 @@ def indivisible(model: str, params: dict, k: int) -> str | None:
   return None
 
 
+def dim_spec(dim: int) -> P:
+  """The spec that splits a leaf's dimension `dim` along TENSOR_AXIS (-1:
+  none, a leaf whole on every device of the axis)."""
+  return P(*([None] * dim), TENSOR_AXIS) if dim >= 0 else P()
+
+
 def tensor_task(task, model: str):
   """`task` (a zoo model's classification) whose loss sees its parameters
   split as `split_dims` says wherever the mesh has TENSOR_AXIS (a sharding
@@ -111,8 +117,7 @@ def tensor_task(task, model: str):
   def loss(params, model_state, batch, key, stats=None):
     mesh = jax.sharding.get_abstract_mesh()
     if TENSOR_AXIS in getattr(mesh, "axis_names", ()):
-      spec = lambda d: P(*([None] * d), TENSOR_AXIS) if d >= 0 else P()
-      params = jax.tree.map(lambda x, d: jax.lax.with_sharding_constraint(x, spec(d)),
+      params = jax.tree.map(lambda x, d: jax.lax.with_sharding_constraint(x, dim_spec(d)),
                             params, leaf_dims(model, params, params))
     return task.loss(params, model_state, batch, key, stats)
   return dataclasses.replace(task, loss=loss)
