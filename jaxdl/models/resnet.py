@@ -6,7 +6,7 @@ https://arxiv.org/abs/1512.03385. Layout follows torchvision (stride on the
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 from flax import nnx
@@ -126,6 +126,20 @@ class ResNet(nnx.Module):
     for block in self.blocks:
       x = block(x, train=train, stats=stats)
     return self.head(global_avg_pool(x))
+
+  def pieces(self) -> list[tuple[nnx.Module, Callable]]:
+    """The model as a sequence (jaxdl.parallel.pipeline.model_stages): the
+    stem, each residual block, the pooled head; each called as
+    `call(module, x, train, stats)`."""
+    def stem(m, x, train=False, stats=None):
+      x = nnx.relu(m[1](m[0](x), train, stats))
+      if self.imagenet_stem:
+        x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      return x
+    block = lambda m, x, train=False, stats=None: m(x, train=train, stats=stats)
+    head = lambda m, x, train=False, stats=None: m(global_avg_pool(x))
+    return [(nnx.List([self.stem_conv, self.stem_bn]), stem),
+            *[(b, block) for b in self.blocks], (self.head, head)]
 
 
 def resnet18(image_shape, num_classes, stem="imagenet", *, rngs) -> ResNet:

@@ -7,6 +7,8 @@ conv, before the ReLU, with the conv bias kept, so parameter counts match it.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 from flax import nnx
 
@@ -71,21 +73,38 @@ class VGG(nnx.Module):
 
   def __call__(self, x: jax.Array, train: bool = False,
                stats: BatchStats | None = None) -> jax.Array:
-    for i, conv in enumerate(self.convs):
-      x = conv(x)
-      if self.bns:
-        x = self.bns[i](x, train, stats)
-      x = nnx.relu(x)
-      if self.pool_after[i]:
-        x = pool_if_wider(x)
-    if self.imagenet_head and x.shape[1:3] != (7, 7):
-      x = jax.image.resize(x, (x.shape[0], 7, 7, x.shape[3]), "linear")
-    x = x.reshape(x.shape[0], -1)
-    for i, layer in enumerate(self.head):
-      x = layer(x)
-      if i < len(self.head) - 1:
-        x = nnx.relu(x)
+    for module, call in self.pieces():
+      x = call(module, x, train, stats)
     return x
+
+  def pieces(self) -> list[tuple[nnx.Module, Callable]]:
+    """The model as a sequence (jaxdl.parallel.pipeline.model_stages): each
+    convolution (with its batch norm, ReLU and pool), each dense layer of
+    the head (the first flattening the map); each called as `call(module,
+    x, train, stats)`."""
+    def conv(i):
+      def call(m, x, train=False, stats=None):
+        x = m[0](x)
+        if self.bns:
+          x = m[1](x, train, stats)
+        x = nnx.relu(x)
+        return pool_if_wider(x) if self.pool_after[i] else x
+      return call
+
+    def dense(i):
+      def call(m, x, train=False, stats=None):
+        del train, stats  # no batch norm in the head
+        if i == 0:
+          if self.imagenet_head and x.shape[1:3] != (7, 7):
+            x = jax.image.resize(x, (x.shape[0], 7, 7, x.shape[3]), "linear")
+          x = x.reshape(x.shape[0], -1)
+        x = m(x)
+        return nnx.relu(x) if i < len(self.head) - 1 else x
+      return call
+
+    convs = [(nnx.List([c, self.bns[i]] if self.bns else [c]), conv(i))
+             for i, c in enumerate(self.convs)]
+    return [*convs, *[(layer, dense(i)) for i, layer in enumerate(self.head)]]
 
 
 def vgg11(image_shape, num_classes, stem="imagenet", *, rngs) -> VGG:
