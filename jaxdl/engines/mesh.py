@@ -125,11 +125,13 @@ class MeshEngine(base.LocalProcess):
     self._arguments = None
     key = jax.random.key(0)
     self._worker_shapes = jax.eval_shape(lambda: algorithm.init(key, jnp.int32(0)))
-    params = jax.eval_shape(problem.task.init, key)[0] if row > 1 else None
+    params, model_state = jax.eval_shape(problem.task.init, key) if row > 1 else (None, None)
     # A pipelined model's stage rows (and the optimizer state shaped like
-    # them) lie along the stage axis, a row per device; the rest is replicated.
-    rows = params["stages"].shape if p > 1 else None
-    staged = lambda x: x.shape == rows
+    # them, and its stages' batch-norm states' rows) lie along the stage axis,
+    # a row per device; the rest is replicated.
+    rows = {params["stages"].shape, *[x.shape for x in jax.tree.leaves(model_state)]} \
+        if p > 1 else set()
+    staged = lambda x: x.shape in rows
     self._specs = jax.tree.map(
         lambda x: in_rows(P(STAGE_AXIS) if staged(x) else P()),
         self._worker_shapes)

@@ -95,10 +95,13 @@ class CNN(nnx.Module):
 
   def pieces(self) -> list[tuple[nnx.Module, Callable]]:
     """The model as a sequence (jaxdl.parallel.pipeline.model_stages): each
-    convolution with its pooling, the dense layer, the head (without batch
-    norm: its statistics would be each micro-batch's)."""
-    if self.norms:
-      raise ValueError("the CNN with batch norm is not a sequence of stages")
-    return [*[(conv, lambda m, x: pool_if_wider(nnx.relu(m(x)))) for conv in self.convs],
-            (self.dense, lambda m, x: nnx.relu(m(x.reshape(x.shape[0], -1)))),
-            (self.head, lambda m, x: m(x))]
+    convolution (with its batch norm) and its pooling, the dense layer, the
+    head; each called as `call(module, x, train, stats)`."""
+    def conv(m, x, train=False, stats=None):
+      x = m[0](x)
+      return pool_if_wider(nnx.relu(m[1](x, train, stats) if self.norms else x))
+    dense = lambda m, x, train=False, stats=None: nnx.relu(m(x.reshape(x.shape[0], -1)))
+    head = lambda m, x, train=False, stats=None: m(x)
+    convs = [nnx.List([c, self.norms[i]] if self.norms else [c])
+             for i, c in enumerate(self.convs)]
+    return [*[(c, conv) for c in convs], (self.dense, dense), (self.head, head)]

@@ -35,57 +35,93 @@ from jax.flatten_util import ravel_pytree
 
 @dataclasses.dataclass(frozen=True)
 class Stages:
-  """A model as p stages: `fns[s](params_s, x) -> y`, the parameters'
-  structure of each stage (`unravels`, from its leaves), the shape of an
-  example's input to each stage and of the last stage's output."""
+  """A model as p stages: `fns[s](params_s, x) -> y`, or, for stages with
+  state (batch norm's running statistics), `fns[s](params_s, state_s, x,
+  train, stats) -> (y, state_s)`; the parameters' structure of each stage
+  (`unravels`, from its leaves) and of its state, the shape of an example's
+  input to each stage and of the last stage's output."""
   fns: tuple[Callable, ...]
   sizes: tuple[int, ...]                 # each stage's parameter count
   unravels: tuple[Callable, ...]         # a stage's raveled parameters -> its pytree
   shapes: tuple[tuple[int, ...], ...]    # an example's activation entering stage s; last: output
   dtype: Any
+  state_sizes: tuple[int, ...] = ()      # each stage's state's count; () without state
+  state_unravels: tuple[Callable, ...] = ()
 
   @classmethod
-  def of(cls, fns: Sequence[Callable], params: Sequence[Any],
-         input_shape: Sequence[int]) -> Stages:
-    """Stages from their functions and parameters (traced for the shapes of
-    one example's activations from `input_shape`)."""
+  def of(cls, fns: Sequence[Callable], params: Sequence[Any], input_shape: Sequence[int],
+         states: Sequence[Any] | None = None) -> Stages:
+    """Stages from their functions and parameters (and states, for stages
+    with state; traced for the shapes of one example's activations from
+    `input_shape`)."""
     raveled = [ravel_pytree(p) for p in params]
+    kept = [ravel_pytree(s) for s in states] if states is not None else []
+    stages = cls(tuple(fns), tuple(int(r.size) for r, _ in raveled),
+                 tuple(u for _, u in raveled), (), raveled[0][0].dtype,
+                 tuple(int(r.size) for r, _ in kept), tuple(u for _, u in kept))
     shapes = [tuple(input_shape)]
-    for fn, p in zip(fns, params):
-      out = jax.eval_shape(fn, p, jax.ShapeDtypeStruct((1, *shapes[-1]), jnp.float32))
+    for s, p in enumerate(params):
+      state = states[s] if states is not None else None
+      out = jax.eval_shape(lambda x: stages.apply(s, p, state, x, True)[0],
+                           jax.ShapeDtypeStruct((1, *shapes[-1]), jnp.float32))
       shapes.append(tuple(out.shape[1:]))
     dtypes = {r.dtype for r, _ in raveled}
     if len(dtypes) != 1:
       raise ValueError(f"stages' parameters of one dtype, not {sorted(map(str, dtypes))}")
-    return cls(tuple(fns), tuple(int(r.size) for r, _ in raveled),
-               tuple(u for _, u in raveled), tuple(shapes), dtypes.pop())
+    return dataclasses.replace(stages, shapes=tuple(shapes))
 
   @property
   def count(self) -> int:
     return len(self.fns)
 
   @property
+  def stateful(self) -> bool:
+    return bool(self.state_sizes)
+
+  @property
   def width(self) -> int:
     """A raveled activation's length: the widest boundary's."""
     return max(math.prod(s) for s in self.shapes)
 
+  def apply(self, s: int, params, state, x: jax.Array, train: bool, stats=None):
+    """Stage s on `x`: (its output, its state after; `state` as given
+    without state or in evaluation)."""
+    if not self.stateful:
+      return self.fns[s](params, x), state
+    return self.fns[s](params, state, x, train, stats)
+
   def rows(self, params: Sequence[Any]) -> jax.Array:
     """The stages' parameters as (p, L) rows, each raveled and zero padded."""
-    length = max(self.sizes)
-    return jnp.stack([jnp.pad(ravel_pytree(p)[0], (0, length - n))
-                      for p, n in zip(params, self.sizes)])
+    return _rows(params, self.sizes)
 
   def params(self, rows: jax.Array) -> list[Any]:
     """The stages' parameter pytrees from their rows."""
     return [u(rows[s, :n]) for s, (u, n) in enumerate(zip(self.unravels, self.sizes))]
 
+  def state_rows(self, states: Sequence[Any]) -> jax.Array:
+    """The stages' states as (p, S) rows, as `rows`."""
+    return _rows(states, self.state_sizes)
+
+  def states(self, rows: jax.Array) -> list[Any]:
+    """The stages' state pytrees from their rows."""
+    return [u(rows[s, :n]) for s, (u, n) in
+            enumerate(zip(self.state_unravels, self.state_sizes))]
+
   def on_rows(self, s: int) -> Callable:
-    """Stage s on padded rows: (its row of L, activations (b, A)) -> (b, A)."""
-    def run(row, x):
+    """Stage s in training on padded rows: (its row of L, its state's row
+    of S, activations (b, A), batch-norm stats) -> ((b, A), its state's row
+    after)."""
+    def run(row, state_row, x, stats=None):
       b = x.shape[0]
       inputs = x[:, :math.prod(self.shapes[s])].reshape(b, *self.shapes[s])
-      y = self.fns[s](self.unravels[s](row[:self.sizes[s]]), inputs).reshape(b, -1)
-      return jnp.pad(y, ((0, 0), (0, self.width - y.shape[1])))
+      state = (self.state_unravels[s](state_row[:self.state_sizes[s]]) if self.stateful
+               else None)
+      y, state = self.apply(s, self.unravels[s](row[:self.sizes[s]]), state, inputs, True,
+                            stats)
+      y = y.reshape(b, -1)
+      if self.stateful:
+        state_row = state_row.at[:self.state_sizes[s]].set(ravel_pytree(state)[0])
+      return jnp.pad(y, ((0, 0), (0, self.width - y.shape[1]))), state_row
     return run
 
   def padded(self, micro: jax.Array) -> jax.Array:
@@ -93,11 +129,26 @@ class Stages:
     flat = micro.reshape(micro.shape[0], micro.shape[1], -1)
     return jnp.pad(flat, ((0, 0), (0, 0), (0, self.width - flat.shape[2]))).astype(self.dtype)
 
+  def forward(self, params: Sequence[Any], states: Sequence[Any] | None, x: jax.Array,
+              train: bool = False, stats=None) -> tuple[jax.Array, list[Any] | None]:
+    """The stages one after the other on one device: the model's output and
+    the stages' states after (None without state)."""
+    after = []
+    for s, p in enumerate(params):
+      x, state = self.apply(s, p, states[s] if states is not None else None, x, train, stats)
+      after.append(state)
+    return x, after if states is not None else None
+
   def sequential(self, params: Sequence[Any], x: jax.Array) -> jax.Array:
-    """The stages one after the other on one device: the model's output."""
-    for fn, p in zip(self.fns, params):
-      x = fn(p, x)
-    return x
+    """The stages one after the other on one device (without state): the model's output."""
+    return self.forward(params, None, x)[0]
+
+
+def _rows(trees: Sequence[Any], sizes: Sequence[int]) -> jax.Array:
+  """Pytrees as rows of one array, each raveled and zero padded to the longest."""
+  length = max(sizes)
+  return jnp.stack([jnp.pad(ravel_pytree(t)[0], (0, length - n))
+                    for t, n in zip(trees, sizes)])
 
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
@@ -178,16 +229,22 @@ def held(table: np.ndarray) -> int:
 
 
 def scheduled_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
-                        loss: Callable, axis: str, kind: str = "1f1b"
-                        ) -> tuple[jax.Array, jax.Array]:
+                        loss: Callable, axis: str, kind: str = "1f1b",
+                        state_row: jax.Array | None = None, stats: Callable | None = None
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The loss summed over micro-batches `micro` (m, b, *input shape) and its
   gradient with respect to this device's stage `row`, by the schedule `kind`
   (`schedule`), inside `shard_map` over `axis`: (the loss on every device,
-  this stage's row's gradient). `loss(outputs, aux_i)`: a micro-batch's loss
-  from the last stage's outputs and its `aux` (a pytree of (m, ...) arrays:
-  labels, weights). A backward recomputes its stage's forward from the input
-  kept at the forward; what a neighbour sends is kept by micro-batch until
-  its stage uses it (`held` rows of each)."""
+  this stage's row's gradient, its state's row after). `loss(outputs,
+  aux_i)`: a micro-batch's loss from the last stage's outputs and its `aux`
+  (a pytree of (m, ...) arrays: labels, weights). A backward recomputes its
+  stage's forward from the input kept at the forward; what a neighbour
+  sends is kept by micro-batch until its stage uses it (`held` rows of
+  each). Stages with state (batch norm) take this device's stage's
+  `state_row` and `stats(i)`, micro-batch i's `BatchStats`: each micro-batch
+  is normalized by its own statistics, and the running ones move at each
+  forward, micro-batch 0 first (one device running the micro-batches in
+  turn computes the same)."""
   p, m, b = stages.count, micro.shape[0], micro.shape[1]
   s = jax.lax.axis_index(axis)
   slots = schedule(kind, p, m)
@@ -195,14 +252,15 @@ def scheduled_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
   flat = stages.padded(micro)
   forward = [stages.on_rows(i) for i in range(p)]
   out_size = math.prod(stages.shapes[-1])
+  stats_of = stats or (lambda i: None)
 
-  def last_loss(row, x, i):  # the last stage's output and its loss
-    y = forward[p - 1](row, x)
+  def last_loss(row, state, x, i):  # the last stage's output and its loss
+    y = forward[p - 1](row, state, x, stats_of(i))[0]
     outputs = y[:, :out_size].reshape(b, *stages.shapes[-1])
     return loss(outputs, jax.tree.map(lambda a: a[i], aux))
 
   def slot(carry, slots):
-    kept, inputs, cotangents, from_before, from_after, grad, total = carry
+    kept, inputs, cotangents, from_before, from_after, grad, total, state = carry
     ops, before = slots  # this slot's operations, and the slot before's
     # what the neighbours sent in the slot before, kept by micro-batch until used
     sent = lambda j, op: (j >= 0) & (j < p) & (before[jnp.clip(j, 0, p - 1), 0] == op)
@@ -216,42 +274,46 @@ def scheduled_gradients(stages: Stages, row: jax.Array, micro: jax.Array, aux,
     nothing = jnp.zeros_like(total)  # (of total's type: differing among devices)
 
     def idle(_):
-      return kept, jnp.zeros_like(x), jnp.zeros_like(x), jnp.zeros_like(row), nothing
+      return kept, jnp.zeros_like(x), jnp.zeros_like(x), jnp.zeros_like(row), nothing, state
 
     def run_forward(stage):
       def go(_):
-        return kept.at[i % k].set(x), forward[stage](row, x), jnp.zeros_like(x), \
-            jnp.zeros_like(row), nothing
+        y, after = forward[stage](row, state, x, stats_of(i))
+        return kept.at[i % k].set(x), y, jnp.zeros_like(x), jnp.zeros_like(row), nothing, \
+            after
       return go
 
     def run_backward(stage):
       def go(_):
         saved = kept[i % k]
         if stage == p - 1:
-          value, pull = jax.vjp(lambda r, a: last_loss(r, a, i), row, saved)
+          value, pull = jax.vjp(lambda r, a: last_loss(r, state, a, i), row, saved)
           d_row, d_x = pull(jnp.ones_like(value))
         else:
           value = nothing
-          _, pull = jax.vjp(forward[stage], row, saved)
+          _, pull = jax.vjp(lambda r, a: forward[stage](r, state, a, stats_of(i))[0],
+                            row, saved)
           d_row, d_x = pull(cotangents[i % k])
-        return kept, jnp.zeros_like(x), d_x, d_row, value
+        return kept, jnp.zeros_like(x), d_x, d_row, value, state
       return go
 
     branches = [idle] + [run_forward(j) for j in range(p)] + [run_backward(j) for j in range(p)]
     index = jnp.where(op == FORWARD, 1 + s, jnp.where(op == BACKWARD, 1 + p + s, 0))
-    kept, y, d_x, d_row, value = jax.lax.switch(index, branches, None)
+    kept, y, d_x, d_row, value, state = jax.lax.switch(index, branches, None)
     from_before = jax.lax.ppermute(y, axis, [(j, j + 1) for j in range(p - 1)])
     from_after = jax.lax.ppermute(d_x, axis, [(j + 1, j) for j in range(p - 1)])
     return (kept, inputs, cotangents, from_before, from_after, grad + d_row,
-            total + value), None
+            total + value, state), None
 
   zeros = jnp.zeros((b, stages.width), stages.dtype)
   ring = jnp.zeros((k, b, stages.width), stages.dtype)
   start = jax.lax.pcast((ring, ring, ring, zeros, zeros, jnp.zeros(row.shape, row.dtype),
                          jnp.zeros((), stages.dtype)), (axis,), to="varying")
+  if state_row is None:  # (stages without state carry an empty one)
+    state_row = jax.lax.pcast(jnp.zeros((0,), stages.dtype), (axis,), to="varying")
   before = jnp.concatenate([jnp.zeros_like(table[:1]), table[:-1]])  # (IDLE, 0) first
-  (*_, grad, total), _ = jax.lax.scan(slot, start, (table, before))
-  return jax.lax.psum(total, axis), grad
+  (*_, grad, total, state_row), _ = jax.lax.scan(slot, (*start, state_row), (table, before))
+  return jax.lax.psum(total, axis), grad, state_row
 
 
 def balanced_groups(sizes: Sequence[int], count: int) -> list[range]:
@@ -278,38 +340,50 @@ def balanced_groups(sizes: Sequence[int], count: int) -> list[range]:
   return groups[::-1]
 
 
-def model_stages(build: Callable, key: jax.Array, count: int,
-                 input_shape: Sequence[int]) -> tuple[Stages, list[Any]]:
+def model_stages(build: Callable, key: jax.Array, count: int, input_shape: Sequence[int]
+                 ) -> tuple[Stages, list[Any], list[Any] | None]:
   """A Flax NNX model (`build(rngs)`, a module with a `pieces()` method: its
-  forward pass as a sequence of (submodule, call(submodule, x) -> x)) as
-  `count` stages of contiguous pieces, balanced by parameter count, and
-  each stage's parameters: those of the module built from `key`, as the
-  zoo's `Model.init(key)` gives them. A model with state besides its
-  parameters (batch norm) has no stages: each micro-batch would have its
-  own statistics."""
+  forward pass as a sequence of (submodule, call(submodule, x) -> x), or
+  `call(submodule, x, train, stats)` for a model with batch norm) as `count`
+  stages of contiguous pieces, balanced by parameter count, and each
+  stage's parameters and state (None for a model without state besides its
+  parameters): those of the module built from `key`, as the zoo's
+  `Model.init(key)` gives them."""
   from flax import nnx  # local: the pipeline itself needs no NNX
   module = build(nnx.Rngs(key))
   pieces = module.pieces()
   sizes = [sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param))) for m, _ in pieces]
-  fns, params = [], []
+  stateful = bool(jax.tree.leaves(nnx.split(module, nnx.Param, ...)[2]))
+  fns, params, states = [], [], []
   for group in balanced_groups(sizes, count):
     holder = nnx.List([pieces[i][0] for i in group])
     calls = [pieces[i][1] for i in group]
     graphdef, own, rest = nnx.split(holder, nnx.Param, ...)
-    if jax.tree.leaves(rest):
-      raise ValueError(f"{type(module).__name__}: state besides parameters (batch norm) in "
-                       "its pieces: no pipeline stages")
     params.append(nnx.to_pure_dict(own))
+    states.append(nnx.to_pure_dict(rest))
 
-    def fn(p, x, holder=holder, graphdef=graphdef, calls=calls):
-      _, own, rest = nnx.split(holder, nnx.Param, ...)  # a fresh copy, filled with p
+    def stage_of(p, state, holder=holder, graphdef=graphdef):
+      """The stage's modules: a fresh copy, filled with p (and state)."""
+      _, own, rest = nnx.split(holder, nnx.Param, ...)
       nnx.replace_by_pure_dict(own, p)
-      stage = nnx.merge(graphdef, own, rest, copy=True)
+      if state is not None:
+        nnx.replace_by_pure_dict(rest, state)
+      return nnx.merge(graphdef, own, rest, copy=True)
+
+    def fn(p, x, stage_of=stage_of, calls=calls):
+      stage = stage_of(p, None)
       for i, call in enumerate(calls):
         x = call(stage[i], x)
       return x
-    fns.append(fn)
-  return Stages.of(fns, params, input_shape), params
+
+    def fn_with_state(p, state, x, train, stats, stage_of=stage_of, calls=calls):
+      stage = stage_of(p, state)
+      for i, call in enumerate(calls):
+        x = call(stage[i], x, train, stats)
+      return x, nnx.to_pure_dict(nnx.split(stage, nnx.Param, ...)[2])
+    fns.append(fn_with_state if stateful else fn)
+  states = states if stateful else None
+  return Stages.of(fns, params, input_shape, states), params, states
 
 
 STAGE_AXIS = "stages"
@@ -319,20 +393,33 @@ STAGE_AXIS = "stages"
 def _pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
                      count: int):
   """The zoo model `name` as a `jaxdl.models.Model` whose parameters are its
-  `count` stages' rows ({"stages": (count, L)}), applied as the stages one
-  after the other (evaluation; training goes through `pipeline_task`'s
-  loss), and its stages."""
+  `count` stages' rows ({"stages": (count, L)}) and whose state, with batch
+  norm, its stages' states' rows ({"stages": (count, S)}), applied as the
+  stages one after the other (evaluation; training goes through
+  `pipeline_task`'s loss), and its stages."""
+  from flax import nnx
+
+  from jaxdl.errors import ConfigError
   from jaxdl.models import MODELS, Model, resolve_stem
   stem = resolve_stem(stem, tuple(image_shape))
   build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
+  pieces = len(nnx.eval_shape(lambda: build(nnx.Rngs(0))).pieces())
+  if count > pieces:
+    raise ConfigError("stages", count, f"at most {pieces}: {name} is a sequence of {pieces} "
+                      "pieces (layers or blocks), a stage at least one")
   stages = model_stages(build, jax.random.key(0), count, image_shape)[0]  # the structure
 
   def init(key):
-    return {"stages": stages.rows(model_stages(build, key, count, image_shape)[1])}, {}
+    _, params, states = model_stages(build, key, count, image_shape)
+    return {"stages": stages.rows(params)}, ({"stages": stages.state_rows(states)}
+                                             if stages.stateful else {})
 
   def apply(params, model_state, images, train, stats=None):
-    del train, stats  # no batch norm, no dropout in a pipelined model
-    return stages.sequential(stages.params(params["stages"]), images), model_state
+    states = stages.states(model_state["stages"]) if stages.stateful else None
+    y, states = stages.forward(stages.params(params["stages"]), states, images, train, stats)
+    if train and stages.stateful:
+      model_state = {"stages": stages.state_rows(states)}
+    return y, model_state
 
   return Model(name=f"{name}/pipeline{count}", init=init, apply=apply,
                num_classes=num_classes, image_shape=tuple(image_shape)), stages
@@ -353,35 +440,59 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
   `name` cut into `count` stages, each batch into `microbatches`, trained by
   the schedule `kind` ("gpipe" or "1f1b"): its loss and gradient come from
   `scheduled_gradients` (the loss's gradient is a custom VJP: the
-  algorithm's own step takes it as any other)."""
+  algorithm's own step takes it as any other). With batch norm, each
+  micro-batch is normalized by its own statistics (as GPipe does), the
+  running statistics moving once a micro-batch; on one device (the stage
+  axis unbound) the micro-batches run in turn, the same math."""
+  from jaxdl.models.layers import BatchStats
   from jaxdl.task import classification, weighted_cross_entropy
   model, stages = _pipelined_model(name, dataset.num_classes, dataset.image_shape, stem, count)
   task = classification(model, dataset)
   micro_loss = lambda logits, aux: weighted_cross_entropy(logits, *aux)
 
   def loss(params, model_state, batch, key, stats=None):
-    if not _bound(STAGE_AXIS):  # one device runs every stage
+    if not stages.stateful and not _bound(STAGE_AXIS):  # one device runs every stage
       return task.loss(params, model_state, batch, key, stats)
     cut = lambda a: a.reshape(microbatches, a.shape[0] // microbatches, *a.shape[1:])
     micro, aux = cut(batch["image"]), (cut(batch["label"]), cut(batch["weight"]))
+    masks = cut(stats.mask if stats is not None and stats.mask is not None
+                else jnp.ones(batch["weight"].shape, jnp.float32))
+    momentum = stats.momentum if stats is not None else None
+    stats_of = lambda masks: lambda i: BatchStats(mask=masks[i], momentum=momentum)
+    if not _bound(STAGE_AXIS):  # with state: the micro-batches in turn
+      states, total = stages.states(model_state["stages"]), 0.0
+      for i in range(microbatches):
+        logits, states = stages.forward(stages.params(params["stages"]), states, micro[i],
+                                        True, stats_of(masks)(i))
+        total = total + micro_loss(logits, jax.tree.map(lambda a: a[i], aux))
+      return total, ({"stages": stages.state_rows(states)}, {})
 
-    def forward(row, micro, aux):
-      total, grad = scheduled_gradients(stages, row, micro, aux, micro_loss, STAGE_AXIS,
-                                        kind)
-      return total, (grad, micro, aux)
+    def forward(row, state_row, micro, aux, masks):
+      total, grad, after = scheduled_gradients(
+          stages, row, micro, aux, micro_loss, STAGE_AXIS, kind,
+          state_row if stages.stateful else None, stats_of(masks))
+      return (total, after), (grad, state_row, micro, aux, masks)
 
-    value = jax.custom_vjp(lambda row, micro, aux: forward(row, micro, aux)[0])
+    value = jax.custom_vjp(lambda *args: forward(*args)[0])
 
-    def backward(saved, cotangent):
-      grad, micro, aux = saved
+    def backward(saved, cotangents):
+      grad, *rest = saved
       zero = lambda a: (np.zeros(a.shape, jax.dtypes.float0)
                         if not jnp.issubdtype(a.dtype, jnp.inexact) else jnp.zeros_like(a))
-      return cotangent * grad, zero(micro), jax.tree.map(zero, aux)
+      return (cotangents[0] * grad, *jax.tree.map(zero, rest))
 
     value.defvjp(forward, backward)
-    return value(_own_row(params["stages"]), micro, aux), (model_state, {})
+    state_rows = model_state["stages"] if stages.stateful else jnp.zeros((1, 0), stages.dtype)
+    total, after = value(_own_row(params["stages"]), _own_state(state_rows), micro, aux, masks)
+    return total, ({"stages": after[None]} if stages.stateful else model_state, {})
 
   return dataclasses.replace(task, loss=loss)
+
+
+def _own_state(rows: jax.Array) -> jax.Array:
+  """This device's stage's state row: its block of the rows laid along the
+  stage axis, or its own of every stage's row."""
+  return rows[0] if rows.shape[0] == 1 else rows[jax.lax.axis_index(STAGE_AXIS)]
 
 
 @jax.custom_vjp
