@@ -37,11 +37,16 @@ import functools
 import math
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxdl.cluster.cost import (DEFAULT_UTILIZATION, DEVICE_LINKS, CostModel,
                                 achieved_flops)
 from jaxdl.errors import ConfigError
+from jaxdl.models import MODELS, resolve_stem
+from jaxdl.parallel.pipeline import BACKWARD, FORWARD, balanced_groups, schedule
 
 BYTES_PER_FLOAT = 4  # float32 parameters, gradients and activations
 
@@ -57,15 +62,13 @@ class PieceCost:
 
 
 def _flops(fn, *args) -> float:
-  import jax
   return float(jax.jit(fn).lower(*args).cost_analysis()["flops"])
 
 
-def _cost(module, call, input_shape: tuple[int, ...], first: bool, batch: int) -> PieceCost:
-  """A module's cost as `call(module, x, train)` on `batch` examples of `input_shape`."""
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
+def _cost(module, call, input_shape: tuple[int, ...], first: bool,
+          batch: int) -> tuple[PieceCost, tuple[int, ...]]:
+  """A module's cost as `call(module, x, train)` on `batch` examples of
+  `input_shape`, and an example's output shape."""
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   abstract = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
   params, rest = abstract(params), abstract(rest)
@@ -81,13 +84,12 @@ def _cost(module, call, input_shape: tuple[int, ...], first: bool, batch: int) -
 
   y = jax.eval_shape(forward, params, rest, x)
   count = sum(math.prod(a.shape) for a in jax.tree.leaves(params))
-  return PieceCost(count, _flops(forward, params, rest, x) / batch,
+  cost = PieceCost(count, _flops(forward, params, rest, x) / batch,
                    _flops(training, params, rest, x, y) / batch, math.prod(y.shape[1:]))
+  return cost, tuple(y.shape[1:])
 
 
 def _module(name: str, image_shape: tuple[int, int, int], num_classes: int, stem: str):
-  from flax import nnx
-  from jaxdl.models import MODELS, resolve_stem
   stem = resolve_stem(stem, image_shape)
   return nnx.eval_shape(lambda: MODELS.get(name)(image_shape, num_classes, stem,
                                                  rngs=nnx.Rngs(0)))
@@ -101,26 +103,17 @@ def piece_costs(name: str, image_shape: tuple[int, int, int], num_classes: int,
   pieces = _module(name, tuple(image_shape), num_classes, stem).pieces()
   costs, shape = [], tuple(image_shape)
   for i, (module, call) in enumerate(pieces):
-    costs.append(_cost(module, call, shape, i == 0, batch))
-    shape = _output_shape(module, call, shape)
+    cost, shape = _cost(module, call, shape, i == 0, batch)
+    costs.append(cost)
   return tuple(costs)
-
-
-def _output_shape(module, call, shape: tuple[int, ...]) -> tuple[int, ...]:
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-  graphdef, state = nnx.split(module)
-  out = jax.eval_shape(lambda s, x: call(nnx.merge(graphdef, s, copy=True), x, True), state,
-                       jax.ShapeDtypeStruct((1, *shape), jnp.float32))
-  return tuple(out.shape[1:])
 
 
 def model_cost(name: str, image_shape: tuple[int, int, int], num_classes: int,
                stem: str = "auto", batch: int = 8) -> PieceCost:
   """The whole model's cost, as one piece (what its pieces' costs add up to)."""
   module = _module(name, tuple(image_shape), num_classes, stem)
-  return _cost(module, lambda m, x, train: m(x, train=train), tuple(image_shape), True, batch)
+  return _cost(module, lambda m, x, train: m(x, train=train), tuple(image_shape), True,
+               batch)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +167,6 @@ def data_parallel(pieces: Sequence[PieceCost], devices: Devices, count: int,
 
 def stage_groups(pieces: Sequence[PieceCost], stages: int) -> list[range]:
   """The pieces of each stage: jaxdl's pipeline cut, balanced by parameter count."""
-  from jaxdl.parallel.pipeline import balanced_groups
   return balanced_groups([p.params for p in pieces], stages)
 
 
@@ -182,7 +174,6 @@ def pipeline_seconds(pieces: Sequence[PieceCost], devices: Devices, stages: int,
                      microbatches: int, batch: int, kind: str = "gpipe") -> float:
   """Seconds of one batch of `batch` examples through `stages` stages in
   `microbatches` micro-batches by the schedule `kind`, in lock step."""
-  from jaxdl.parallel.pipeline import BACKWARD, FORWARD, schedule
   if batch % microbatches:
     raise ValueError(f"batch {batch} in {microbatches} micro-batches: a multiple of them")
   micro = batch // microbatches
