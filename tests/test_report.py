@@ -272,6 +272,7 @@ def test_the_parallelisms_table(tmp_path, comparison):
   without such cells."""
   assert report.Report(comparison).strategies("10gbps") == []
   assert "Parallelisms" not in report.Report(comparison).tables()
+  assert "predicted" not in report.Report(comparison).tables()
   d = tmp_path / "strategies"
   mesh = lambda **s: {"samples": 1000, "wall_time_s": 2.0, "test_accuracy": 0.9,
                       "seconds_per_epoch": 1.0, "cost": 0.5,
@@ -292,3 +293,30 @@ def test_the_parallelisms_table(tmp_path, comparison):
   assert rows["tensor"][:5] == ["tensor, 2 devices a worker", "2", "32", "500", "2.00"]
   assert rows["gpipe"][0] == "pipeline, 2 stages x 4 micro-batches"
   assert rows["gpipe"][6] == "1.9"  # its time to 0.90: its first evaluation at it
+
+
+def test_a_parallelisms_report_predicts_the_asu_seeds_strategies(tmp_path):
+  """Beside the parallelisms table, the cost model's prediction of the ASU
+  seed's strategies on 2x RTX 3070: the seed's samples/s and ratios, the
+  predicted ones, and a note that orders them as the seed did."""
+  d = tmp_path / "strategies"
+  mesh = {"samples": 1000, "wall_time_s": 2.0, "test_accuracy": 0.9, "devices": 2,
+          "batch_sizes": [32], "memory_per_device_bytes": {"arguments": 1e6, "temporaries": 1e6}}
+  _run_dir(d, "sgd-m1", {**mesh, "devices": 1}, evals=[(2, 0.9, 1.5)], algorithm="sgd",
+           workers=1, engine="mesh")
+  _run_dir(d, "gpipe-m1", {**mesh, "stages": 2, "microbatches": 4}, evals=[(2, 0.9, 1.9)],
+           algorithm="sgd", workers=1, engine="mesh")
+  tables = report.Report(d, target=0.9).tables()
+  heading = "### The ASU seed's strategies on 2× RTX 3070, predicted (timing only)"
+  assert tables.index("### Parallelisms") < tables.index(heading)
+  rows = _rows(tables[tables.index(heading):])
+  assert [r[:5] for r in (rows["single device"], rows["data parallel"],
+                          rows["GPipe (4 micro-batches)"])] == [
+      ["1", "128", "2,275", rows["single device"][3], "1.00"],
+      ["2", "256", "2,968", rows["data parallel"][3], "1.30"],
+      ["2", "256", "1,528", rows["GPipe (4 micro-batches)"][3], "0.67"]]
+  predicted = {k: float(v[3].replace(",", "")) for k, v in rows.items()}
+  assert predicted["data parallel"] > predicted["single device"] > \
+      predicted["GPipe (4 micro-batches)"]
+  assert rows["model parallel"][2] == "—"  # not measured by the seed
+  assert "orders the measured strategies data parallel > single device > GPipe" in tables

@@ -37,6 +37,20 @@ DEVICE_PROFILES: dict[str, float] = {
 # Fraction of peak a training step achieves: real steps are far from peak.
 DEFAULT_UTILIZATION = 0.4
 
+# The link between two devices of a profile in one machine, where known:
+# (bytes/s one way, seconds per message) of a device-to-device copy.
+DEVICE_LINKS: dict[str, tuple[float, float]] = {
+    # Two RTX 3070 on PCIe 4.0 x16: 31.5 GB/s one way by the PCIe 4.0 spec
+    # (16 GT/s x 16 lanes, 128b/130b). GeForce cards have no peer-to-peer, so a
+    # copy is staged through host memory. CUDA's p2pBandwidthLatencyTest with
+    # P2P disabled measured 20.1-22.4 GB/s one way between GeForce GPUs on PCIe
+    # 4.0 x16 (RTX 4090s, github.com/NVIDIA/nccl/issues/814) and a latency of
+    # 11.6-20.7 us (RTX 3090s, github.com/NVIDIA/nccl/issues/1127): the lowest
+    # bandwidth and a middle latency. A board that splits its lanes x8/x8
+    # halves the bandwidth.
+    "rtx-3070": (20e9, 15e-6),
+}
+
 _BANDWIDTH_HELP = "a bandwidth such as 10gbps, 56gbps, 100mbps"
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _BYTE_UNITS = ("B", "B/s", "Bps", "byte/s", "bytes/s")  # case-sensitive 'B'
