@@ -67,15 +67,16 @@ def _flops(fn, *args) -> float:
 
 def _cost(module, call, input_shape: tuple[int, ...], first: bool,
           batch: int) -> tuple[PieceCost, tuple[int, ...]]:
-  """A module's cost as `call(module, x, train)` on `batch` examples of
-  `input_shape`, and an example's output shape."""
+  """A module's cost as `call(module, x)` (with batch norm `call(module, x,
+  train)`) on `batch` examples of `input_shape`, and an example's output shape."""
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
   abstract = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
   params, rest = abstract(params), abstract(rest)
   x = jax.ShapeDtypeStruct((batch, *input_shape), jnp.float32)
 
-  def forward(params, rest, x):
-    return call(nnx.merge(graphdef, params, rest, copy=True), x, True)
+  def forward(params, rest, x):  # (a piece with batch norm takes train, in training)
+    module = nnx.merge(graphdef, params, rest, copy=True)
+    return call(module, x, True) if jax.tree.leaves(rest) else call(module, x)
 
   def training(params, rest, x, cotangent):
     _, pull = jax.vjp(lambda p, x: forward(p, rest, x), params, x)
@@ -112,7 +113,7 @@ def model_cost(name: str, image_shape: tuple[int, int, int], num_classes: int,
                stem: str = "auto", batch: int = 8) -> PieceCost:
   """The whole model's cost, as one piece (what its pieces' costs add up to)."""
   module = _module(name, tuple(image_shape), num_classes, stem)
-  return _cost(module, lambda m, x, train: m(x, train=train), tuple(image_shape), True,
+  return _cost(module, lambda m, x, train=False: m(x, train=train), tuple(image_shape), True,
                batch)[0]
 
 

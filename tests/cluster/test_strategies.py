@@ -114,6 +114,14 @@ def test_resnet18_pieces_add_up_to_the_whole_model(resnet18):
       [8192] * 2 + [10]
 
 
+@pytest.mark.parametrize("name", ["mlp", "vit", "vgg11_bn"])
+def test_pieces_with_and_without_batch_norm_add_up_to_the_whole_model(name):
+  model = (name, (8, 8, 1), 10, "cifar")
+  whole, pieces = st.model_cost(*model), st.piece_costs(*model)
+  assert sum(p.params for p in pieces) == whole.params
+  assert sum(p.forward for p in pieces) == pytest.approx(whole.forward, rel=1e-3)
+
+
 def test_flops_are_counted_per_example():
   one, eight = (st.model_cost(*st.ASU_MODEL, batch=b) for b in (1, 8))
   assert one.training == pytest.approx(eight.training, rel=1e-4)
