@@ -16,6 +16,7 @@ from typing import Any, Callable
 # The figures `write_all` draws, in its order.
 PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
 BATCH_TIMES = "batch_times.png"  # drawn where cells recorded their workers' batch times
+STRATEGIES = "strategies.png"  # drawn for a comparison of parallelisms
 Report = Any  # a jaxdl.report.Report: its cells, networks and baseline
 Figure = Any  # a matplotlib Figure
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
@@ -193,6 +194,30 @@ def batch_times(report: Report) -> Figure:
   return fig
 
 
+def strategies(report: Report) -> Figure:
+  """The parallelisms' samples/s, memory per device and time to the target,
+  a bar a cell (the ASU seed's figures)."""
+  plt = _pyplot()
+  cells = report.strategies(report.main)
+  names = [c.variant for c in cells]
+  memory = [(c.summary["memory_per_device_bytes"]["arguments"]
+             + c.summary["memory_per_device_bytes"]["temporaries"]) / 1e6 for c in cells]
+  panels = (("samples/s", [c.throughput for c in cells]),
+            ("memory per device (MB)", memory),
+            (f"time to {report.target:.2f} (s)", [c.time_to(report.target) for c in cells]))
+  fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3))
+  for ax, (label, values) in zip(axes, panels):
+    ax.bar(names, [v if v is not None else 0 for v in values],
+           color=[color(n) for n in names])
+    for i, v in enumerate(values):
+      if v is None:
+        ax.text(i, 0, "—", ha="center", va="bottom")
+    ax.set_title(label, fontsize=9)
+    ax.tick_params(axis="x", labelrotation=45)
+    ax.grid(axis="y", alpha=0.3)
+  return fig
+
+
 def _save(fig, path: Path) -> Path:
   fig.tight_layout()
   fig.savefig(path, dpi=100, bbox_inches="tight")  # "tight": the legend outside included
@@ -207,8 +232,11 @@ FIGURES: dict[str, Callable[[Report], Figure]] = dict(zip(PLOTS, (
 
 def write_all(report: Report, directory: Path) -> list[Path]:
   """Draws every figure of PLOTS into `directory` (and the batch-time
-  histograms, where cells recorded them); returns their paths."""
+  histograms, where cells recorded them, and the parallelisms' bars, for a
+  comparison of them); returns their paths."""
   written = [_save(draw(report), directory / name) for name, draw in FIGURES.items()]
   if report.main is not None and report.heterogeneous(report.main):
     written.append(_save(batch_times(report), directory / BATCH_TIMES))
+  if report.main is not None and report.strategies(report.main):
+    written.append(_save(strategies(report), directory / STRATEGIES))
   return written

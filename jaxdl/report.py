@@ -362,8 +362,9 @@ class Report:
 
   def strategies_table(self, network: str) -> str:
     """The ASU seed's table: each cell's strategy, devices, global batch,
-    samples/s, memory per device, time per epoch, time to the target and
-    cost (with --price-per-device-hour)."""
+    samples/s, utilization (a pipeline's: each device's busy fraction, its
+    measured bubble beside the ideal), memory per device, time per epoch,
+    time to the target and cost (with --price-per-device-hour)."""
     rows = []
     for c in self.strategies(network):
       s = c.summary
@@ -372,11 +373,17 @@ class Report:
                   if s.get("tensor_parallel") else f"data, {c.workers} worker(s)")
       memory = s["memory_per_device_bytes"]
       mb = (memory["arguments"] + memory["temporaries"]) / 1e6
+      busy = s.get("busy_fraction_per_device")
+      bubble = (f"{100 * s['bubble_fraction_measured']:.0f} (ideal "
+                f"{100 * s['bubble_fraction_ideal']:.0f})" if busy else "—")
       row = [c.variant, strategy, str(s.get("devices")), str(sum(s.get("batch_sizes") or [])),
-             _fmt(c.throughput, ",.0f"), _fmt(mb, ".2f"), _fmt(s.get("seconds_per_epoch"), ".4g"),
+             _fmt(c.throughput, ",.0f"),
+             " / ".join(f"{100 * b:.0f}" for b in busy) if busy else "—", bubble,
+             _fmt(mb, ".2f"), _fmt(s.get("seconds_per_epoch"), ".4g"),
              _fmt(c.time_to(self.target), ".4g"), _fmt(s.get("cost"), ".4g")]
-      rows.append(row if not c.diverged else row[:4] + [DIVERGED] + ["—"] * 4)
+      rows.append(row if not c.diverged else row[:4] + [DIVERGED] + ["—"] * 6)
     return _markdown(["cell", "strategy", "devices", "global batch", "samples/s",
+                      "busy (% per device)", "bubble (%)",
                       "memory per device (MB: arguments + temporaries)", "time per epoch (s)",
                       f"time to {self.target:.2f} (s)", "cost"], rows)
 

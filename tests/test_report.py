@@ -284,15 +284,21 @@ def test_the_parallelisms_table(tmp_path, comparison):
                                 memory_per_device_bytes={"arguments": 1e6, "temporaries": 1e6,
                                                          "outputs": 0, "aliased": 0}),
            evals=[(2, 0.9, 1.8)], algorithm="sgd", workers=1, engine="mesh")
-  _run_dir(d, "gpipe-m1", mesh(devices=2, batch_sizes=[32], stages=2, microbatches=4),
+  _run_dir(d, "gpipe-m1", mesh(devices=2, batch_sizes=[32], stages=2, microbatches=4,
+                               busy_fraction_per_device=[0.5, 0.25],
+                               bubble_fraction_measured=0.625, bubble_fraction_ideal=0.2),
            evals=[(2, 0.9, 1.9)], algorithm="sgd", workers=1, engine="mesh")
   (d / "grid.json").write_text(json.dumps({"cells": [
       {"name": f"{v}-m1", "variant": v} for v in ("sgd", "tensor", "gpipe")]}))
   rows = _rows(report.Report(d, target=0.9).strategies_table("10gbps"))
-  assert rows["sgd"] == ["data, 1 worker(s)", "1", "32", "500", "4.00", "1", "1.5", "0.5"]
-  assert rows["tensor"][:5] == ["tensor, 2 devices a worker", "2", "32", "500", "2.00"]
+  assert rows["sgd"] == ["data, 1 worker(s)", "1", "32", "500", "—", "—", "4.00", "1", "1.5",
+                         "0.5"]
+  assert rows["tensor"][:7] == ["tensor, 2 devices a worker", "2", "32", "500", "—", "—", "2.00"]
   assert rows["gpipe"][0] == "pipeline, 2 stages x 4 micro-batches"
-  assert rows["gpipe"][6] == "1.9"  # its time to 0.90: its first evaluation at it
+  assert rows["gpipe"][4:6] == ["50 / 25", "62 (ideal 20)"]
+  assert rows["gpipe"][8] == "1.9"  # its time to 0.90: its first evaluation at it
+  written = report.Report(d, target=0.9).write().parent
+  assert (written / "strategies.png").is_file()
 
 
 def test_a_parallelisms_report_predicts_the_asu_seeds_strategies(tmp_path):

@@ -286,5 +286,26 @@ class MeshEngine(base.LocalProcess):
     if self.stages > 1:
       from jaxdl.parallel.pipeline import bubble_fraction
       figures.update(stages=self.stages, microbatches=self.microbatches,
-                     bubble_fraction_ideal=bubble_fraction(self.stages, self.microbatches))
+                     bubble_fraction_ideal=bubble_fraction(self.stages, self.microbatches),
+                     **self._busy_figures())
     return figures
+
+  def _busy_figures(self) -> dict:
+    """A pipelined run's measured utilization: each stage's own work in a
+    step, timed alone on its device (jaxdl.parallel.pipeline.stage_seconds),
+    over the run's step time (the median time between the dispatches of
+    steps after the first two, the host waiting on the devices, at most
+    MAX_IN_FLIGHT steps ahead): each device's busy fraction, and the
+    measured bubble, the devices' mean idle fraction (the ideal's bubble
+    plus unequal stages, messages and the host's own time)."""
+    times = [e.time for e in self._events if e.kind == "step"]
+    if len(times) < 4:  # too few steps to time one
+      return {}
+    from jaxdl.parallel.pipeline import stage_seconds
+    step_s = float(np.median(np.diff(times[2:])))
+    work = stage_seconds(self.problem.task.stages, self.microbatches,
+                         self.streams.batch_sizes[0] // self.microbatches,
+                         list(self.mesh.devices[0]))
+    busy = [w / step_s for w in work]
+    return {"step_seconds": step_s, "stage_seconds": work, "busy_fraction_per_device": busy,
+            "bubble_fraction_measured": 1 - float(np.mean(busy))}

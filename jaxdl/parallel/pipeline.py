@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+
+from jaxdl.task import Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,6 +393,12 @@ STAGE_AXIS = "stages"
 """The mesh axis a pipelined model's stages lie along (jaxdl.engines.mesh)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelinedTask(Task):
+  """A task whose loss runs a pipeline schedule, and the stages it runs."""
+  stages: Stages | None = None
+
+
 def _pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], stem: str,
                      count: int):
   """The zoo model `name` as a `jaxdl.models.Model` whose parameters are its
@@ -486,7 +495,8 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
     total, after = value(_own_row(params["stages"]), _own_state(state_rows), micro, aux, masks)
     return total, ({"stages": after[None]} if stages.stateful else model_state, {})
 
-  return dataclasses.replace(task, loss=loss)
+  fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
+  return PipelinedTask(**{**fields, "loss": loss}, stages=stages)
 
 
 def _own_state(rows: jax.Array) -> jax.Array:
@@ -517,3 +527,42 @@ def _bound(axis: str) -> bool:
 def bubble_fraction(stages: int, microbatches: int) -> float:
   """The share of a stage's ticks in which it has no micro-batch: (p - 1) / (m + p - 1)."""
   return (stages - 1) / (microbatches + stages - 1)
+
+
+def stage_seconds(stages: Stages, microbatches: int, micro_batch: int, devices,
+                  repeats: int = 5) -> list[float]:
+  """Each stage's own work in a step, timed alone on its device (`devices[s]`):
+  m forwards and m backwards, each backward recomputing its forward, on
+  micro-batches of `micro_batch` examples (random parameters and inputs;
+  the median of `repeats` runs after a compile). A step's time over these
+  is what its bubble, imbalance and messages add."""
+  key = jax.random.key(0)
+  seconds = []
+  for s in range(stages.count):
+    run = stages.on_rows(s)
+
+    def work(row, state_row, micro, cotangents, run=run):
+      def one(carry, xs):
+        state_row, grad = carry
+        x, cotangent = xs
+        _, state_row = run(row, state_row, x)
+        _, pull = jax.vjp(lambda r, a: run(r, state_row, a)[0], row, x)
+        return (state_row, grad + pull(cotangent)[0]), None
+      return jax.lax.scan(one, (state_row, jnp.zeros_like(row)), (micro, cotangents))[0]
+
+    keys = jax.random.split(jax.random.fold_in(key, s), 3)
+    shape = (microbatches, micro_batch, stages.width)
+    arguments = jax.device_put((
+        0.01 * jax.random.normal(keys[0], (max(stages.sizes),), stages.dtype),
+        jnp.zeros((max(stages.state_sizes, default=0),), stages.dtype),
+        jax.random.normal(keys[1], shape, stages.dtype),
+        jax.random.normal(keys[2], shape, stages.dtype)), devices[s])
+    compiled = jax.jit(work).lower(*arguments).compile()
+    jax.block_until_ready(compiled(*arguments))
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(*arguments))
+      times.append(time.perf_counter() - start)
+    seconds.append(float(np.median(times)))
+  return seconds
