@@ -21,9 +21,10 @@ Public API:
                                         a ConfigError("compress", ...) if bad
   compression(spec, seed=0, error_feedback=True) -> optax.GradientTransformation
   message_bytes(spec, shapes) -> int    the exact size of one compressed message
-  compress(spec, tree, key, memory, rescale=False) -> (tree, memory)
+  compress(spec, tree, key, memory, unbiased=False) -> (tree, memory)
   init_memory(spec, tree, seed=0)       the pure pytree compressor and its memory
-  top_k, random_k, qsgd, scaled_sign, power_sgd, kept: the per-leaf compressors
+  top_k, random_k, qsgd, scaled_sign, power_sgd, kept, qsgd_variance_bound:
+                                        the per-leaf compressors
   COMPRESSORS                           the registry of compressors by name
 
 Every compressor works leaf by leaf (k, norms and ranks are per leaf). Its
@@ -106,6 +107,18 @@ def qsgd(x: jax.Array, key: jax.Array, levels: int) -> jax.Array:
   return (norm * jnp.sign(v) * xi / levels).astype(x.dtype)
 
 
+def qsgd_variance_bound(size: int, levels: int) -> float:
+  """omega = min(d / s^2, sqrt(d) / s): E||Q(x) - x||^2 <= omega ||x||^2 (Alistarh
+  et al. 2017, Lemma 3.1).
+
+  With omega >= 1, Q is no contraction and error feedback's residual grows
+  without bound; Q / (1 + omega) is one, E||x - Q(x) / (1 + omega)||^2 <=
+  (1 - 1 / (1 + omega)) ||x||^2 (Karimireddy et al. 2019), and is what the
+  transformation sends with error feedback.
+  """
+  return min(size / levels**2, math.sqrt(size) / levels)
+
+
 def scaled_sign(x: jax.Array) -> jax.Array:
   """(||x||_1 / d) * sign(x), with sign(0) = +1: one bit per coordinate.
 
@@ -154,7 +167,8 @@ def power_sgd(x: jax.Array, q: jax.Array | None) -> tuple[jax.Array, jax.Array |
 class Compressor:
   """A compressor by name: its per-leaf rule, memory and message size.
 
-  compress(x, key, memory, arg, rescale) -> (C(x), memory)
+  compress(x, key, memory, arg, unbiased) -> (C(x), memory); `unbiased` picks
+    the form for use without error feedback (E[C(x)] = x) over the contraction
   leaf_bytes(shape, itemsize, arg) -> the bytes of one leaf's message
   init_memory(shape, dtype, key, arg) -> a leaf's memory (PowerSGD's Q), or None
   arg_name: what ARG is ("FRACTION" in (0, 1], "LEVELS" or "RANK", integers
@@ -189,6 +203,12 @@ def _power_sgd_bytes(shape, itemsize, rank):
   return (r * sum(_matrix_shape(shape)) if r else math.prod(shape)) * itemsize
 
 
+def _qsgd(x, key, memory, levels, unbiased):
+  # the damping folds into the norm the message carries: no extra bytes
+  damping = 1 if unbiased else 1 + qsgd_variance_bound(x.size, levels)
+  return (qsgd(x, key, levels) / damping).astype(x.dtype), memory
+
+
 def _power_sgd_memory(shape, dtype, key, rank):
   r = power_sgd_rank(shape, rank)
   return jax.random.normal(key, (_matrix_shape(shape)[1], r), dtype) if r else None
@@ -196,23 +216,22 @@ def _power_sgd_memory(shape, dtype, key, rank):
 
 for _compressor in (
     Compressor("none", "no compression: every coordinate, at its dtype's size",
-               lambda x, key, memory, arg, rescale: (x, memory),
+               lambda x, key, memory, arg, unbiased: (x, memory),
                lambda shape, itemsize, arg: math.prod(shape) * itemsize),
     Compressor("topk", "top-k: the k largest |x_i| of each leaf, values and int32 indices",
-               lambda x, key, memory, fraction, rescale: (top_k(x, fraction), memory),
+               lambda x, key, memory, fraction, unbiased: (top_k(x, fraction), memory),
                _sparse_bytes, arg_name="FRACTION", default=0.01),
     Compressor("randk", "random-k: k random coordinates of each leaf, values and int32 indices",
-               lambda x, key, memory, fraction, rescale: (random_k(x, key, fraction, rescale),
-                                                          memory),
+               lambda x, key, memory, fraction, unbiased: (
+                   random_k(x, key, fraction, rescale=unbiased), memory),
                _sparse_bytes, arg_name="FRACTION", default=0.01),
     Compressor("qsgd", "QSGD: a norm per leaf, a sign and one of s levels per coordinate",
-               lambda x, key, memory, levels, rescale: (qsgd(x, key, levels), memory),
-               _qsgd_bytes, arg_name="LEVELS", default=16),
+               _qsgd, _qsgd_bytes, arg_name="LEVELS", default=16),
     Compressor("sign", "scaled sign: ||x||_1 / d per leaf, one bit per coordinate",
-               lambda x, key, memory, arg, rescale: (scaled_sign(x), memory),
+               lambda x, key, memory, arg, unbiased: (scaled_sign(x), memory),
                lambda shape, itemsize, arg: math.ceil(math.prod(shape) / 8) + itemsize),
     Compressor("powersgd", "PowerSGD: P and Q of rank r per matrix, vectors whole",
-               lambda x, key, memory, rank, rescale: power_sgd(x, memory),
+               lambda x, key, memory, rank, unbiased: power_sgd(x, memory),
                _power_sgd_bytes, _power_sgd_memory, arg_name="RANK", default=2),
 ):
   COMPRESSORS.add(_compressor)
@@ -293,15 +312,18 @@ def init_memory(spec: CompressSpec | str, tree, seed: int = 0) -> tuple:
 
 
 def compress(spec: CompressSpec | str, tree, key: jax.Array, memory: tuple,
-             rescale: bool = False):
+             unbiased: bool = False):
   """(C(tree), new memory): each leaf compressed with its own key (fold_in(key, i)).
 
-  `rescale` makes random-k unbiased (d / k); the other compressors ignore it.
+  The compressors are contractions, E||x - C(x)||^2 < ||x||^2, as error
+  feedback needs; `unbiased` asks for E[C(x)] = x instead, what compression
+  without feedback needs: random-k scaled by d / k and QSGD undamped
+  (qsgd_variance_bound). Top-k, sign and PowerSGD have one form.
   """
   spec = _spec(spec)
   compressor = COMPRESSORS.get(spec.name)
   leaves, treedef = jax.tree.flatten(tree)
-  out = [compressor.compress(x, jax.random.fold_in(key, i), m, spec.arg, rescale)
+  out = [compressor.compress(x, jax.random.fold_in(key, i), m, spec.arg, unbiased)
          for i, (x, m) in enumerate(zip(leaves, memory))]
   return treedef.unflatten([c for c, _ in out]), tuple(m for _, m in out)
 
@@ -319,7 +341,9 @@ def compression(spec: CompressSpec | str, seed: int = 0,
   Seide et al. 2014; Karimireddy et al. 2019. `spec` is a CompressSpec or the
   text of --compress ("topk:0.01", "randk:0.01", "qsgd:16", "sign",
   "powersgd:2", "none": the identity). Without `error_feedback` the updates
-  are C(g) and random-k is scaled by d / k to be unbiased.
+  are C(g), with random-k scaled by d / k and QSGD undamped to be unbiased;
+  with it, QSGD is damped by 1 / (1 + omega) to be a contraction (see
+  `compress`, `qsgd_variance_bound`).
 
   Returns:
     A transformation whose state is a CompressionState; jittable, and its
@@ -340,7 +364,7 @@ def compression(spec: CompressSpec | str, seed: int = 0,
     corrected = (jax.tree.map(jnp.add, updates, state.residual) if error_feedback
                  else updates)
     sent, memory = compress(spec, corrected, step_key, state.memory,
-                            rescale=not error_feedback)
+                            unbiased=not error_feedback)
     residual = jax.tree.map(jnp.subtract, corrected, sent) if error_feedback else None
     return sent, CompressionState(residual, memory, jax.random.key_data(key))
 
