@@ -14,7 +14,9 @@ what was sent over all steps plus the residual is the sum of the gradients.
 Placed before the optimizer, as above, the residual is in gradient units and
 the transformation compresses what a worker would push; placed after it
 (`optax.chain(optax.sgd(0.1), compression(...))`) it compresses the step, which
-is Karimireddy et al.'s EF-SGD as written. With a constant rate both are the same.
+is Karimireddy et al.'s EF-SGD as written. With plain SGD at a constant rate
+the two agree: each compressor here commutes with multiplying by a number
+(up to rounding, and to scaled sign's sign(0) = +1).
 
 Public API:
   parse_compress(text) -> CompressSpec  the flag's value, "NAME[:ARG]", checked;
@@ -315,8 +317,8 @@ def compress(spec: CompressSpec | str, tree, key: jax.Array, memory: tuple,
              unbiased: bool = False):
   """(C(tree), new memory): each leaf compressed with its own key (fold_in(key, i)).
 
-  The compressors are contractions, E||x - C(x)||^2 < ||x||^2, as error
-  feedback needs; `unbiased` asks for E[C(x)] = x instead, what compression
+  The compressors are contractions, E||x - C(x)||^2 <= (1 - delta) ||x||^2
+  with delta > 0, as error feedback needs; `unbiased` asks for E[C(x)] = x instead, what compression
   without feedback needs: random-k scaled by d / k and QSGD undamped
   (qsgd_variance_bound). Top-k, sign and PowerSGD have one form.
   """

@@ -269,6 +269,16 @@ def test_error_feedback_is_what_makes_top_k_one_percent_converge():
 
 
 @pytest.mark.parametrize("spec", LOSSY)
+def test_before_or_after_sgd_at_a_constant_rate_is_the_same(spec):
+  # the residual in gradient units times the rate is the residual in step units
+  grads = _grads(4)
+  before, _ = _run(optax.chain(compression(spec, seed=1), optax.sgd(0.3)), grads)
+  after, _ = _run(optax.chain(optax.sgd(0.3), compression(spec, seed=1)), grads)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               before, after)
+
+
+@pytest.mark.parametrize("spec", LOSSY)
 def test_jitted_update_matches_eager_compiles_once_and_replays(spec):
   tx, traces = compression(spec, seed=3), []
 
