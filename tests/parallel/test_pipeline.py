@@ -220,6 +220,7 @@ def test_a_schedule_trains_the_vit_as_one_device_does():
     pytest.param("ar_sgd", "resnet18", 2, "1f1b", {"microbatches": 1, "steps": 2},
                  marks=pytest.mark.slow),
     ("ar_sgd", "cnn_bn", 3, "gpipe", {"microbatches": 1}),
+    ("bsp", "cnn_bn", 2, "1f1b", {"microbatches": 1}),
 ])
 def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, model, stages,
                                                                      schedule, extra):
