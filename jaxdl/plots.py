@@ -17,6 +17,7 @@ from typing import Any, Callable
 PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
 BATCH_TIMES = "batch_times.png"  # drawn where cells recorded their workers' batch times
 STRATEGIES = "strategies.png"  # drawn for a comparison of parallelisms
+ACCURACY_BYTES = "accuracy_bytes.png"  # drawn where cells counted the bytes they sent
 Report = Any  # a jaxdl.report.Report: its cells, networks and baseline
 Figure = Any  # a matplotlib Figure
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
@@ -194,6 +195,38 @@ def batch_times(report: Report) -> Figure:
   return fig
 
 
+def _bytes_cells(report: Report, network: str) -> list:
+  return [c for c in report.train if c.network == network and c.score is not None
+          and c.summary.get("bytes_total")]
+
+
+def accuracy_against_bytes(report: Report) -> Figure:
+  """The final test metric against the bytes the workers sent (log scale),
+  one panel per network, a line per variant through its worker counts:
+  what communicating less buys or costs."""
+  plt = _pyplot()
+  networks = [n for n in report.networks if _bytes_cells(report, n)]
+  fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4), squeeze=False,
+                           sharey=True)
+  for ax, net in zip(axes[0], networks):
+    cells = _bytes_cells(report, net)
+    seen: dict = {}
+    for v in dict.fromkeys(c.variant for c in cells):
+      points = sorted((c.workers, c.summary["bytes_total"] / 1e6, c.score)
+                      for c in cells if c.variant == v)
+      _line(ax, seen, [p[1] for p in points], [p[2] for p in points], v, marker="o",
+            color=color(v), linestyle=":")
+      for m, x, y in points:
+        ax.annotate(f"×{m}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_title(f"network {net}")
+    ax.set_xlabel("bytes sent by the workers (MB)")
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel(report.label)
+  _legend(fig, axes[0])
+  return fig
+
+
 def strategies(report: Report) -> Figure:
   """The parallelisms' samples/s, memory per device and time to the target,
   a bar a cell (the ASU seed's figures)."""
@@ -232,11 +265,14 @@ FIGURES: dict[str, Callable[[Report], Figure]] = dict(zip(PLOTS, (
 
 def write_all(report: Report, directory: Path) -> list[Path]:
   """Draws every figure of PLOTS into `directory` (and the batch-time
-  histograms, where cells recorded them, and the parallelisms' bars, for a
-  comparison of them); returns their paths."""
+  histograms, where cells recorded them, the parallelisms' bars, for a
+  comparison of them, and the metric against the bytes sent, where cells
+  counted them); returns their paths."""
   written = [_save(draw(report), directory / name) for name, draw in FIGURES.items()]
   if report.main is not None and report.heterogeneous(report.main):
     written.append(_save(batch_times(report), directory / BATCH_TIMES))
   if report.main is not None and report.strategies(report.main):
     written.append(_save(strategies(report), directory / STRATEGIES))
+  if any(_bytes_cells(report, n) for n in report.networks):
+    written.append(_save(accuracy_against_bytes(report), directory / ACCURACY_BYTES))
   return written
