@@ -20,6 +20,14 @@ the widest boundary's A); each device runs its own stage's function
 (`lax.switch` on its index along the axis). An elementwise optimizer
 (sgd, momentum, adam) updates a row as it would the stage's leaves; the
 padding's gradients are zero.
+
+Stages with batch norm normalize each micro-batch by its own statistics (as
+GPipe does) and move their running statistics at each forward, micro-batch
+0 first; those statistics travel as (p, S) rows like the parameters. A step
+then equals one device running the micro-batches in turn (`pipeline_task`'s
+loss off the stage axis). `stage_seconds` times each stage's own work of a
+step alone on its device: over a run's step time, each device's busy
+fraction (jaxdl.engines.mesh).
 """
 from __future__ import annotations
 
