@@ -41,7 +41,7 @@ class ModelConfig:
   stem: Literal["auto", "cifar", "imagenet"] = "auto"
   """ResNet/VGG stem and head: imagenet for inputs of 128 px or more under auto."""
   parallelism: str = "data"
-  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights split over --tensor-parallel devices, Megatron-style), for a synchronous algorithm; pipeline: mlp, cnn, cnn_bn, vit, resnet and vgg models (batch norm normalizes each micro-batch by its own statistics, as in GPipe), tensor: mlp, cnn and vit."""
+  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights split over --tensor-parallel devices, Megatron-style), for a synchronous algorithm; pipeline: mlp, cnn, cnn_bn, vit, resnet and vgg models (batch norm normalizes each micro-batch by its own statistics, as in GPipe); tensor: the same models (a batch norm split by channels as the convolution before it)."""
   tensor_parallel: int = 2
   """--parallelism tensor: k, the devices each worker's weights are split over: dense layers in pairs by columns then rows, attention by heads then rows, convolutions by output channels (k must divide each split dimension)."""
   stages: int = 2
@@ -584,8 +584,6 @@ PARALLELISMS = ("data", "pipeline", "tensor")
 PIPELINED_MODELS = ("mlp", "cnn", "cnn_bn", "vit", "resnet18", "resnet34", "resnet50",
                     "vgg11", "vgg11_bn", "vgg16", "vgg16_bn")
 """The zoo models that are a sequence of stages (`pieces()`)."""
-TENSOR_MODELS = ("mlp", "cnn", "vit")
-"""The zoo models whose layers have a tensor split (no batch norm)."""
 
 
 def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
@@ -614,10 +612,10 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "
                       "local_sgd) on --engine mesh")
+  from jaxdl.parallel.tensor import TENSOR_MODELS
   models = PIPELINED_MODELS if m.parallelism == "pipeline" else TENSOR_MODELS
   if m.model not in models or config.data.dataset.startswith(TASK_PREFIX):
-    why = ("a sequence of stages" if m.parallelism == "pipeline"
-           else "layers with a split, no batch norm")
+    why = "a sequence of stages" if m.parallelism == "pipeline" else "layers with a split"
     raise ConfigError("model", m.model, "one of " + ", ".join(models)
                       + f" with --parallelism {m.parallelism} ({why})")
   if split_workers(config) or config.algorithm.sync_bn:

@@ -4,7 +4,10 @@ Megatron-style (Shoeybi et al. 2019): in a pair of dense layers the first is
 split by columns (its outputs: kernel dim 1, bias dim 0), the second by rows
 (its inputs: kernel dim 0, bias whole), so one all-reduce follows the pair;
 attention's query, key and value by heads and its output projection by
-rows; a convolution by its output channels. The splits are `NamedSharding`s
+rows; a convolution by its output channels, or in a residual block's last
+pair of convolutions the first by its output channels and the second by its
+input channels (one all-reduce before the block's sum), a batch norm by
+channels as the convolution before it. The splits are `NamedSharding`s
 of the parameters (and of the optimizer state shaped like them) along
 TENSOR_AXIS; XLA's partitioner inserts the collectives, so a split changes
 where the arithmetic runs, not its result (jaxdl.engines.mesh).
@@ -20,12 +23,22 @@ from jax.sharding import PartitionSpec as P
 TENSOR_AXIS = "tensor"
 """The mesh axis a worker's split weights lie along (jaxdl.engines.mesh)."""
 
-COLUMNS, ROWS, HEADS, CHANNELS = "columns", "rows", "heads", "channels"
-TENSOR_MODELS = ("mlp", "cnn", "vit")
+COLUMNS, ROWS, HEADS = "columns", "rows", "heads"
+CHANNELS, IN_CHANNELS, NORM = "channels", "input channels", "norm"
+TENSOR_MODELS = ("mlp", "cnn", "cnn_bn", "vit", "resnet18", "resnet34", "resnet50",
+                 "vgg11", "vgg11_bn", "vgg16", "vgg16_bn")
 """The zoo models with a split of their layers."""
 
-# the dimension of a kernel and of a bias that each split cuts (None: whole)
-_DIMS = {COLUMNS: (1, 0), ROWS: (0, None), HEADS: (1, 0), CHANNELS: (3, 0)}
+# the dimension of each parameter of a layer that each split cuts (others: whole)
+_DIMS = {COLUMNS: {"kernel": 1, "bias": 0}, ROWS: {"kernel": 0}, HEADS: {"kernel": 1, "bias": 0},
+         CHANNELS: {"kernel": 3, "bias": 0}, IN_CHANNELS: {"kernel": 2},
+         NORM: {"scale": 0, "bias": 0}}
+
+
+def _dense_pairs(layers: list[tuple]) -> dict[tuple, str]:
+  """Dense layers in (columns, rows) pairs; one left over: whole."""
+  return {layer: COLUMNS if i % 2 == 0 else ROWS
+          for i, layer in enumerate(layers[:len(layers) // 2 * 2])}
 
 
 def layer_splits(model: str, params: dict) -> dict[tuple, str]:
@@ -33,13 +46,25 @@ def layer_splits(model: str, params: dict) -> dict[tuple, str]:
   pure dict): {path of the layer: how it is split}."""
   splits: dict[tuple, str] = {}
   if model == "mlp":  # its dense layers in (columns, rows) pairs; one left over: whole
-    layers = [("hidden", i) for i in sorted(params["hidden"])] + [("head",)]
-    for i in range(len(layers) // 2 * 2):
-      splits[layers[i]] = COLUMNS if i % 2 == 0 else ROWS
-  elif model == "cnn":  # convolutions by channels; the dense pair by columns, rows
+    splits = _dense_pairs([("hidden", i) for i in sorted(params["hidden"])] + [("head",)])
+  elif model in ("cnn", "cnn_bn"):  # convolutions (and norms) by channels; the dense pair
     for i in params["convs"]:
       splits[("convs", i)] = CHANNELS
+    for i in params.get("norms", {}):
+      splits[("norms", i)] = NORM
     splits[("dense",)], splits[("head",)] = COLUMNS, ROWS
+  elif model.startswith("resnet"):  # a block's last two convolutions: channels, input channels
+    for i in params["blocks"]:
+      convs = sorted(params["blocks"][i]["convs"])
+      first, second = ("blocks", i, "convs", convs[-2]), ("blocks", i, "convs", convs[-1])
+      splits[first], splits[second] = CHANNELS, IN_CHANNELS
+      splits[("blocks", i, "bns", convs[-2])] = NORM
+  elif model.startswith("vgg"):  # convolutions (and norms) by channels; the head's pairs
+    for i in params["convs"]:
+      splits[("convs", i)] = CHANNELS
+    for i in params.get("bns", {}):
+      splits[("bns", i)] = NORM
+    splits.update(_dense_pairs([("head", i) for i in sorted(params["head"])]))
   elif model == "vit":  # each block: attention by heads then rows, its MLP columns, rows
     for i in params["blocks"]:
       block = ("blocks", i)
@@ -57,13 +82,10 @@ def split_dims(model: str, params: dict) -> dict[tuple, int]:
   parameters not in it are whole on every device of the axis."""
   dims = {}
   for layer, how in layer_splits(model, params).items():
-    kernel, bias = _DIMS[how]
     node = params
     for key in layer:
       node = node[key]
-    dims[(*layer, "kernel")] = kernel
-    if bias is not None and "bias" in node:
-      dims[(*layer, "bias")] = bias
+    dims.update({(*layer, name): d for name, d in _DIMS[how].items() if name in node})
   return dims
 
 

@@ -9,9 +9,9 @@ from jaxdl.parallel.tensor import TENSOR_AXIS, leaf_dims, split_dims
 from tests.helpers import make_engine, train
 
 
-def _params(model):
+def _params(model, stem="auto"):
   from jaxdl.models import build_model
-  return jax.eval_shape(build_model(model, 10, (8, 8, 1), "auto").init, jax.random.key(0))[0]
+  return jax.eval_shape(build_model(model, 10, (8, 8, 1), stem).init, jax.random.key(0))[0]
 
 
 def test_dense_layers_split_in_column_row_pairs_and_attention_by_heads():
@@ -36,12 +36,34 @@ def test_dense_layers_split_in_column_row_pairs_and_attention_by_heads():
   assert cnn[("convs", 1, "kernel")] == 3 and cnn[("convs", 1, "bias")] == 0
 
 
+def test_convolutions_split_by_channels_and_batch_norm_with_them():
+  """A residual block's last two convolutions by output channels, then input
+  channels (the batch norm between by channels), its other layers, the
+  shortcut's projection and the blocks' sum whole; VGG's and the cnn's
+  convolutions and batch norms by channels, VGG's dense head in pairs."""
+  resnet = split_dims("resnet18", _params("resnet18"))
+  block = lambda *key: resnet.get(("blocks", 2, *key))
+  assert (block("convs", 0, "kernel"), block("convs", 1, "kernel")) == (3, 2)
+  assert (block("bns", 0, "scale"), block("bns", 0, "bias")) == (0, 0)
+  assert block("bns", 1, "scale") is None and block("proj_conv", "kernel") is None
+  bottleneck = split_dims("resnet50", _params("resnet50"))
+  assert [bottleneck.get(("blocks", 0, "convs", i, "kernel")) for i in range(3)] == \
+      [None, 3, 2]
+  vgg = split_dims("vgg11_bn", _params("vgg11_bn", stem="imagenet"))
+  assert vgg[("convs", 4, "kernel")] == 3 and vgg[("bns", 4, "scale")] == 0
+  assert [vgg.get(("head", i, "kernel")) for i in range(3)] == [1, 0, None]
+  cnn_bn = split_dims("cnn_bn", _params("cnn_bn"))
+  assert cnn_bn[("norms", 1, "bias")] == 0 and ("convs", 1, "bias") not in cnn_bn
+
+
 @pytest.mark.parametrize("algorithm, model, workers, k", [
     ("ar_sgd", "mlp", 2, 2),
     ("sgd", "vit", 1, 4),
     ("local_sgd", "vit", 2, 2),
     ("ar_sgd", "cnn", 2, 4),
     ("bsp", "mlp", 2, 2),
+    ("ar_sgd", "cnn_bn", 2, 2),                                  # batch norm by channels
+    pytest.param("sgd", "resnet18", 1, 4, marks=pytest.mark.slow),
 ])
 def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model, workers, k):
   """--parallelism tensor inside a synchronous algorithm (each worker's
@@ -52,18 +74,25 @@ def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model,
   gathers are split for the loss). (With momentum SGD: Adam would turn float
   noise in a gradient that is zero in exact arithmetic, attention's key
   bias's, into updates of +-lr.)"""
+  # (ResNet-18: one step; batch norm over 1x1 maps of 16 examples, on 8x8
+  # digits, makes rounding errors grow: initial parameters 1e-7 apart end
+  # 5e-6 apart after a step, 4e-2 after two, of a leaf's largest value)
+  steps = 1 if model == "resnet18" else 5
   base = dict(algorithm=algorithm, workers=workers, model=model, batch_size=16,
               schedule="constant", optimizer="sgd", lr=0.05, momentum=0.9,
               **({"communication_period": 2} if algorithm == "local_sgd" else {}))
   split = make_engine(RunConfig.make(**base, parallelism="tensor", tensor_parallel=k))
   assert split.mesh.devices.shape == (workers, k) and split.mesh.axis_names[1] == TENSOR_AXIS
   whole = make_engine(RunConfig.make(**base))
-  (state, history), (expected_state, expected) = train(split, 5), train(whole, 5)
+  (state, history), (expected_state, expected) = train(split, steps), train(whole, steps)
   np.testing.assert_allclose([h["loss"] for h in history], [h["loss"] for h in expected],
                              rtol=1e-5)
   got, want = split.evaluated(state), whole.evaluated(expected_state)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+    if model == "resnet18":  # to a leaf's largest value (measured: 4e-6)
+      assert np.max(np.abs(a - b)) <= 1e-4 * np.max(np.abs(b)), (a, b)
+    else:
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
   if algorithm == "bsp":  # flat server slices: the loss splits the gathered layers
     count = lambda e: e.jitted_step.lower(*e._arguments).compile().as_text().count(
         "all-reduce")
