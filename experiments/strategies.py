@@ -23,8 +23,8 @@ it. The cells measure wall time: they run one at a time. On a CPU the
 devices are forced (XLA_FLAGS, set here) and share its cores: the timings
 say more on a machine with a device per worker. Every other argument is a
 `jaxdl compare` flag; the default ``--out`` is ``runs/strategies-<scale>``.
-(The seed's ResNet pipelines too, `--model resnet18`, its batch norm by
-micro-batch; a tensor split takes no batch norm, hence the ViT here.)
+(The seed's ResNet: `--model resnet18`, its pipeline's batch norm by
+micro-batch, its tensor split's by channels.)
 """
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ DEFAULT_GRID = Grid(variants=(Variant("sgd"), IPDPS21_VARIANTS[0], Variant("ar_s
 # The ASU seed's strategies on the mesh engine, a worker's batch the same in
 # each: one device (sgd: every table's baseline), data parallel (2 workers),
 # GPipe (2 stages, 4 micro-batches), model parallel (2 stages, 1) and tensor
-# parallel (2 devices); the ViT, without batch norm, cut and split by all.
+# parallel (2 devices); the ViT, whose uniform blocks each cuts and splits.
 _STAGES = (("parallelism", "pipeline"), ("stages", 2))
 STRATEGY_VARIANTS = (
     Variant("sgd"), Variant("ar_sgd", name="data"),
