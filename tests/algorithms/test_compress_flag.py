@@ -10,6 +10,7 @@ import shutil
 import chex
 import jax
 import numpy as np
+import optax
 import pytest
 
 import jaxdl
@@ -105,6 +106,67 @@ def test_ar_sgd_topk_is_error_feedback_per_worker_written_out():
   for w in range(2):  # each worker keeps its own residual
     chex.assert_trees_all_close(jax.tree.map(lambda x: x[w], outbox.residual), residual[w],
                                 rtol=1e-4, atol=1e-7)
+
+
+def test_local_sgd_sends_differences_from_the_last_average_written_out():
+  """Two workers, H = 2 local steps of plain SGD, 4 steps of topk:0.05,
+  against Qsparse-local-SGD written out in numpy: at an averaging worker m
+  sends c_m = top_k(x_m - x_ref + e_m), keeps e_m <- x_m - x_ref + e_m - c_m,
+  and both take x_ref <- x_ref + sum_k (b_k / B) c_k."""
+  lr, steps = 0.1, 4
+  config = RunConfig.make(algorithm="local_sgd", workers=2, communication_period=2,
+                          batch_sizes=(8, 24), compress="topk:0.05", lr=lr, momentum=0.0,
+                          **SIM)
+  run = make_setup(config, total_steps=steps)
+  engine, problem = run.engine, run.problem
+  state = engine.init(jax.random.key(0))
+  reference, model_state = engine.evaluated(state)
+  state = train(engine, steps, state=state)[0]
+  share = [8 / 32, 24 / 32]
+  models = [reference] * 2
+  residual = [jax.tree.map(lambda x: np.zeros(x.shape, np.float32), reference)] * 2
+  for t in range(steps):
+    for w in range(2):
+      grads = problem.gradients(models[w], model_state, one_batch(run.streams, w, t),
+                                WorkerAxis(1))[0]
+      models[w] = jax.tree.map(lambda x, g: np.asarray(x) - lr * np.asarray(g) / share[w],
+                               models[w], grads)
+    if t % 2 == 1:
+      sent = []
+      for w in range(2):
+        corrected = jax.tree.map(lambda x, r, e: x - np.asarray(r) + e, models[w], reference,
+                                 residual[w])
+        c = jax.tree.map(lambda x: _top_k(x, -(-x.size * 5 // 100)), corrected)
+        residual[w] = jax.tree.map(lambda x, s: x - s, corrected, c)
+        sent.append(c)
+      reference = jax.tree.map(lambda r, a, b: np.asarray(r) + share[0] * a + share[1] * b,
+                               reference, *sent)
+      models = [reference] * 2
+  chex.assert_trees_all_close(engine.evaluated(state)[0], reference, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], state.workers.reference),
+                              reference, rtol=1e-5, atol=1e-6)
+
+
+def test_an_elastic_exchange_sends_the_compressed_difference():
+  """EASGD with topk:0.5 on 4 coordinates, by hand: d = alpha (x - w); the
+  center adds the 2 largest of d + e, the worker moves by all of d, and
+  center + worker + residual is what center + worker was."""
+  from jaxdl.algorithms import Problem, easgd
+  problem = Problem(task=None, optimizer=optax.sgd(0.1), compress="topk:0.5")
+  x = {"w": np.array([1.0, -4.0, 2.0, 0.5], np.float32)}
+  w = {"w": np.array([0.0, 0.0, 1.0, 0.0], np.float32)}
+  worker = easgd.ElasticWorker(x, {}, (), problem.init_outbox(x, 0))
+  center, worker = easgd.exchange(problem, 0.5, easgd.Center(w), worker)
+  # d = 0.5 (x - w) = [0.5, -2, 0.5, 0.25]: the two largest, -2 and the first 0.5
+  np.testing.assert_array_equal(center.params["w"], [0.5, -2.0, 1.0, 0.0])
+  np.testing.assert_array_equal(worker.params["w"], [0.5, -2.0, 1.5, 0.25])
+  np.testing.assert_array_equal(worker.outbox.residual["w"], [0.0, 0.0, 0.5, 0.25])
+  center, worker = easgd.exchange(problem, 0.5, center, worker)
+  # d = 0.5 (x - w) = [0, 0, 0.25, 0.125]; d + e = [0, 0, 0.75, 0.375]: both sent
+  np.testing.assert_array_equal(center.params["w"], [0.5, -2.0, 1.75, 0.375])
+  np.testing.assert_array_equal(worker.params["w"], [0.5, -2.0, 1.25, 0.125])
+  np.testing.assert_array_equal(worker.outbox.residual["w"], [0.0, 0.0, 0.0, 0.0])
+  np.testing.assert_array_equal(center.params["w"] + worker.params["w"], x["w"] + w["w"])
 
 
 @pytest.mark.parametrize("algorithm,compress", [("ar_sgd", "randk:0.1"),
