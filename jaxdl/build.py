@@ -145,7 +145,8 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   optim = with_defaults(config.optim, spec.optim_defaults and spec.optim_defaults(m))
   optimizer = make_optimizer(optim, total, streams.steps_per_epoch, per_step)
   problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
-                    async_bn=config.algorithm.async_bn, seed=config.train.seed)
+                    async_bn=config.algorithm.async_bn, seed=config.train.seed,
+                    compress=config.algorithm.compress)
   problem.check_task(streams)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)

@@ -92,6 +92,8 @@ class AlgorithmConfig:
   """Async-BN (asynchronous algorithms with a server: asp, ssp, easgd, dc_asgd, lc_asgd): workers report each batch's batch-norm statistics, the server keeps their moving average and evaluates with it."""
   bn_decay: float = 0.1
   """Async-BN's d: E <- (1 - d) E + d * a worker's reported batch statistics."""
+  compress: str = "none"
+  """NAME[:ARG]: compress each worker's outgoing message with error feedback (it sends C(x + e) and keeps the residual e, checkpointed with its state): topk[:FRACTION] (the largest FRACTION of each leaf, in (0, 1], default 0.01; values and int32 indices), randk[:FRACTION] (random coordinates, the same), qsgd[:LEVELS] (default 16), sign (scaled sign, a bit a coordinate), powersgd[:RANK] (default 2) or none. The message is the gradient for sgd, ar_sgd and bsp (before the all-reduce or push; compressed messages are all-gathered, M (M - 1) a step) and for asp, ssp, dc_asgd and lc_asgd (the push; the pull stays whole); the model difference from the last average for local_sgd, the elastic difference for easgd (the center's reply stays whole); gosgd and ad_psgd refuse it (they send whole models). --engine sim times and counts (bytes_total) the compressed bytes; mesh and ray move the same values as dense arrays."""
   settings: tyro.conf.Suppress[Any] = None
   """The algorithm's own settings (its `Settings` dataclass; None: its defaults). Set them by their flat names: RunConfig.make(algorithm="ssp", staleness_bound=5)."""
 
@@ -428,6 +430,7 @@ def validate(config: RunConfig) -> RunConfig:
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
   from jaxdl import cluster, data, models, optim
+  from jaxdl.algorithms.compression import parse_compress
 
   c = config.flat()
   for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
@@ -463,6 +466,7 @@ def validate(config: RunConfig) -> RunConfig:
   else:
     cluster.parse_cluster(c["cluster"])
   optim.parse_opt_args(c["optimizer"], c["opt_args"])
+  parse_compress(c["compress"])
   batch_sizes(config)
   policy(config)
   resolve(config)
@@ -608,6 +612,10 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
   if m.parallelism == "data":
     return
   what = "a pipeline" if m.parallelism == "pipeline" else "a tensor split"
+  if config.algorithm.compress != "none":
+    raise ConfigError("compress", config.algorithm.compress, f"none with --parallelism "
+                      f"{m.parallelism} ({what} lays the parameters out as padded rows or "
+                      "shards; compression is for data parallelism)")
   if spec.shape is not Collective or engine != "mesh":
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "

@@ -398,3 +398,32 @@ def test_an_emulated_time_s_variation_without_the_time_is_refused(tmp_path, caps
   out = tmp_path / "run"
   line = refused(capsys, [*RUN, "--out", str(out), "--engine", "mesh", flag, value], flag, out)
   assert "unless --compute-time is set" in line
+
+
+# ---------------------------------------------------------------- --compress
+
+
+@pytest.mark.parametrize("value, says", [
+    ("topk:0", "FRACTION in (0, 1]"), ("topk:1.5", "FRACTION in (0, 1]"),
+    ("randk:nan", "FRACTION in (0, 1]"), ("powersgd:0", "RANK an integer >= 1"),
+    ("powersgd:-2", "RANK an integer >= 1"), ("qsgd:0", "LEVELS an integer >= 1"),
+    ("qsgd:2.5", "LEVELS an integer >= 1"), ("sign:3", "sign takes no argument"),
+    ("zip", "NAME one of none, topk[:FRACTION]"),
+])
+def test_a_bad_compressor_is_refused(tmp_path, capsys, value, says):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--compress", value], "--compress", out)
+  assert says in line
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--algorithm", "gosgd", "--workers", "2"], "none for gosgd"),
+    (["--algorithm", "ad_psgd", "--workers", "2"], "none for ad_psgd"),
+    (["--algorithm", "ar_sgd", "--workers", "2", "--engine", "mesh", "--parallelism",
+      "pipeline"], "none with --parallelism pipeline"),
+])
+def test_compression_where_it_makes_no_sense_is_refused(tmp_path, capsys, args, says):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--compress", "topk:0.1", *args],
+                 "--compress", out)
+  assert says in line

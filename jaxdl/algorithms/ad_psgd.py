@@ -7,6 +7,12 @@ preserves the mean of the workers' models; the evaluated model is that mean
 (batch-norm statistics averaged too). Real concurrent runs need a bipartite
 active/passive split to avoid deadlock; a simulated schedule does not.
 
+--compress is refused: an averaging swaps the two workers' whole models with
+a random neighbour, and (x_m + x_k) / 2 of a compressed model is no average.
+Compressing the difference x_m - x_k needs a model both hold, and a random
+neighbour each time means a copy of every other worker's model per worker
+(CHOCO-SGD's public copies), which AD-PSGD does not keep.
+
 Versions read: `compute` reads the snapshot taken by `pull`, never the model
 that averages changed since; `average` both models as they are when the
 exchange completes (atomic, as the paper's lock makes it; the worker is idle
@@ -19,7 +25,9 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
+from jaxdl.algorithms.compression import parse_compress
 from jaxdl.algorithms.shapes import Decentralized
+from jaxdl.errors import ConfigError
 
 
 class PeerWorker(NamedTuple):
@@ -66,5 +74,14 @@ def build(settings, problem: Problem, num_workers: int) -> Decentralized:
       bytes_per_step=2.0 * num_workers * problem.model_bytes())
 
 
+def check(settings, config) -> None:
+  del settings
+  if parse_compress(config.algorithm.compress).name != "none":
+    raise ConfigError("compress", config.algorithm.compress,
+                      "none for ad_psgd: its averaging swaps whole models with a random "
+                      "neighbour, with no reference both hold to take a compressed difference "
+                      "from")
+
+
 SPEC = AlgorithmSpec("ad_psgd", "asynchronous decentralized: average with a random neighbour "
-                     "each iteration", Decentralized, build)
+                     "each iteration", Decentralized, build, check=check)

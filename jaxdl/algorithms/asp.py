@@ -7,6 +7,10 @@ SSP (Ho et al. 2013): the same math; a worker may start iteration c only if
 the slowest worker has finished c - s iterations (--staleness-bound s). The
 bound is scheduling policy: the engine enforces it, the math is ASP's.
 
+With --compress, a worker pushes C(g + e) and keeps its residual e (error
+feedback, in its `outbox`, which travels with its state); the server applies
+the push as it is. The pull stays whole: the server's parameters.
+
 Versions read: `compute` reads the parameters the worker pulled (its entry in
 the staleness buffer); `apply` updates the server as it is when the push
 arrives.
@@ -35,7 +39,8 @@ class ServerState(NamedTuple):
 class WorkerState(NamedTuple):
   pulled: Any       # the server parameters this worker last pulled (its staleness buffer entry)
   model_state: Any  # this worker's batch-norm statistics
-  grads: Any        # the gradient of its current iteration, once computed
+  grads: Any        # the gradient of its current iteration, once computed (what it pushes)
+  outbox: Any = optax.EmptyState()  # the compression state of its pushes (--compress)
 
 
 def init_server(problem: Problem, key, optimizer: optax.GradientTransformation) -> ServerState:
@@ -44,15 +49,18 @@ def init_server(problem: Problem, key, optimizer: optax.GradientTransformation) 
   return ServerState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
 
-def init(problem: Problem, key) -> WorkerState:
+def init(problem: Problem, key, worker=0) -> WorkerState:
   params, model_state = problem.init_model(key)
-  return WorkerState(params, model_state, jax.tree.map(jnp.zeros_like, params))
+  return WorkerState(params, model_state, jax.tree.map(jnp.zeros_like, params),
+                     problem.init_outbox(params, worker))
 
 
 def compute(problem: Problem, worker: WorkerState, batch):
-  """A worker's gradient on the parameters it pulled -> (worker, metric shares)."""
+  """A worker's gradient on the parameters it pulled, as it pushes it
+  (compressed with --compress) -> (worker, metric shares)."""
   grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
-  return WorkerState(worker.pulled, model_state, grads), metrics
+  sent, outbox = problem.compress_message(grads, worker.outbox)
+  return WorkerState(worker.pulled, model_state, sent, outbox), metrics
 
 
 def update(server, grads, optimizer: optax.GradientTransformation, **extra_args):
@@ -64,8 +72,8 @@ def update(server, grads, optimizer: optax.GradientTransformation, **extra_args)
 
 
 def ps_bytes(problem: Problem, num_workers: int) -> float:
-  """Bytes of one round of M updates: M pushes and M pulls."""
-  return 2.0 * num_workers * problem.model_bytes()
+  """Bytes of one round of M updates: M pushes (compressed with --compress) and M pulls."""
+  return float(num_workers * (problem.message_bytes() + problem.model_bytes()))
 
 
 def parameter_server(problem: Problem, num_workers: int, *,
@@ -85,7 +93,7 @@ def parameter_server(problem: Problem, num_workers: int, *,
 
   return Centralized(
       init_server=lambda key: init_server(problem, key, optimizer),
-      init=lambda key, worker: init(problem, key),
+      init=lambda key, worker: init(problem, key, worker),
       pull=pull, compute=lambda worker, batch: compute(problem, worker, batch),
       apply=apply, evaluated=server_evaluated, bytes_per_step=ps_bytes(problem, num_workers),
       staleness_bound=staleness_bound)

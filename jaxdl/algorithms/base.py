@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdl.algorithms import compression
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.models.layers import BatchStats
 from jaxdl.errors import TaskError
@@ -52,6 +53,9 @@ class Problem:
   # (momentum 0), which the server averages (jaxdl.algorithms.async_bn).
   async_bn: bool = False
   seed: int = 0          # the loss's keys derive from it
+  # --compress: what a worker's outgoing message (a gradient or a model
+  # difference) goes through, with error feedback (jaxdl.algorithms.compression)
+  compress: str = "none"
 
   def init_model(self, key: jax.Array):
     """(params, model_state) of a fresh model."""
@@ -59,8 +63,34 @@ class Problem:
 
   def model_bytes(self) -> int:
     """Bytes of one copy of the parameters (what a push or a pull moves)."""
-    shapes = jax.eval_shape(lambda: self.task.init(jax.random.key(0))[0])
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self._param_shapes()))
+
+  def _param_shapes(self):
+    return jax.eval_shape(lambda: self.task.init(jax.random.key(0))[0])
+
+  @property
+  def compresses(self) -> bool:
+    """Whether a worker's messages are compressed (--compress other than none)."""
+    return compression.parse_compress(self.compress).name != "none"
+
+  def message_bytes(self) -> int:
+    """Bytes of one worker's message shaped like the parameters, compressed by
+    --compress (values plus indices, norms, scales: `compression.message_bytes`);
+    the model's bytes with none."""
+    return compression.message_bytes(self.compress, self._param_shapes())
+
+  def init_outbox(self, params, worker) -> Any:
+    """Worker `worker`'s compression state for messages shaped like `params`:
+    its error-feedback residual, PowerSGD's Q and its key (the worker's own
+    draws); an empty state with --compress none. It is part of the worker's
+    state, so it is checkpointed and resumed with it."""
+    state = compression.compression(self.compress, seed=self.seed).init(params)
+    return compression.for_worker(state, worker)
+
+  def compress_message(self, message, outbox) -> tuple[Any, Any]:
+    """(what the worker sends, its new outbox): C(message + e), keeping
+    e <- message + e - C(message + e); the message itself with none."""
+    return compression.compression(self.compress, seed=self.seed).update(message, outbox)
 
   def init_state(self, key: jax.Array) -> TrainState:
     params, model_state = self.task.init(key)
@@ -144,8 +174,11 @@ class Problem:
     return jax.tree.map(lambda g: g / share, grads), model_state, metrics
 
   def apply_gradients(self, state: TrainState, grads, model_state) -> TrainState:
+    """`state` one optimizer step on; a state with more fields than a
+    TrainState's (a worker's outbox) keeps them."""
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-    return TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
+    return state._replace(params=optax.apply_updates(state.params, updates),
+                          model_state=model_state, opt_state=opt_state)
 
 
 def mean_over_workers(stacked):

@@ -12,6 +12,10 @@ parameters and optimizer state. Because the server updates flat slices, the
 optimizer must act elementwise (sgd, adam, adamw, rmsprop, ...); layer-wise
 ones (lamb, lars, adafactor, ...) need ar_sgd.
 
+With --compress, each worker pushes C(g_m + e_m), keeping its own residual
+e_m (error feedback, in its `outbox`); the server sums the pushes as they
+are. The pull stays whole: the server's parameters.
+
 Versions read: every worker's gradient of step t reads w_t, the server's
 parameters after all of step t - 1's pushes (the barrier).
 """
@@ -38,6 +42,7 @@ class BSPState(NamedTuple):
   server_params: jax.Array  # (P_pad / M,): this worker's slice of the server's flat parameters
   server_opt_state: Any     # the optimizer state of that slice
   model_state: Any          # this worker's batch-norm statistics
+  outbox: Any               # the compression state of its pushes (--compress)
 
 
 def _flat_layout(problem: Problem, num_workers: int):
@@ -62,17 +67,19 @@ def build(settings, problem: Problem, num_workers: int) -> Collective:
     params, model_state = problem.init_model(key)
     flat = _pad(ravel_pytree(params)[0], padded)
     server_params = lax.dynamic_slice(flat, (worker * chunk,), (chunk,))
-    return BSPState(server_params, problem.optimizer.init(server_params), model_state)
+    return BSPState(server_params, problem.optimizer.init(server_params), model_state,
+                    problem.init_outbox(params, worker))
 
   def step(state: BSPState, batch, step, axis):
     del step
     params = unravel(axis.all_gather(state.server_params).reshape(-1)[:size])  # pull
     grads, model_state, metrics = problem.gradients(params, state.model_state, batch, axis)
-    grad_slice = axis.psum_scatter(_pad(ravel_pytree(grads)[0], padded))    # push
+    sent, outbox = problem.compress_message(grads, state.outbox)
+    grad_slice = axis.psum_scatter(_pad(ravel_pytree(sent)[0], padded))     # push
     updates, opt_state = problem.optimizer.update(grad_slice, state.server_opt_state,
                                                   state.server_params)
     return BSPState(optax.apply_updates(state.server_params, updates), opt_state,
-                    model_state), metrics
+                    model_state, outbox), metrics
 
   def evaluated(states: BSPState):
     """The server's parameters with the workers' mean batch-norm statistics."""
@@ -81,7 +88,8 @@ def build(settings, problem: Problem, num_workers: int) -> Collective:
 
   # every worker pushes a gradient and pulls the parameters
   return Collective(init=init, step=step, evaluated=evaluated, sync="ps",
-                    bytes_per_step=2.0 * num_workers * problem.model_bytes())
+                    bytes_per_step=float(num_workers * (problem.message_bytes()
+                                                        + problem.model_bytes())))
 
 
 def check(settings, config) -> None:

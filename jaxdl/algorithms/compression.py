@@ -25,6 +25,7 @@ Public API:
   message_bytes(spec, shapes) -> int    the exact size of one compressed message
   compress(spec, tree, key, memory, unbiased=False) -> (tree, memory)
   init_memory(spec, tree, seed=0)       the pure pytree compressor and its memory
+  for_worker(state, worker)             a transformation's state with a worker's own draws
   top_k, random_k, qsgd, scaled_sign, power_sgd, kept, qsgd_variance_bound:
                                         the per-leaf compressors
   COMPRESSORS                           the registry of compressors by name
@@ -371,3 +372,13 @@ def compression(spec: CompressSpec | str, seed: int = 0,
     return sent, CompressionState(residual, memory, jax.random.key_data(key))
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def for_worker(state, worker) -> Any:
+  """`state`, a `compression(...)` transformation's, with `worker` (an int, or
+  a traced int32) folded into its key: each worker draws its own coordinates
+  and roundings. Another state (none's) is returned as it is."""
+  if not isinstance(state, CompressionState):
+    return state
+  key = jax.random.fold_in(jax.random.wrap_key_data(state.key), worker)
+  return state._replace(key=jax.random.key_data(key))

@@ -7,6 +7,14 @@ with alpha = --elasticity (the paper's alpha = lr * rho; unset: 0.9 / M, the
 synchronous variant's moving rate beta = M alpha = 0.9). The evaluated model
 is the center w (with the workers' mean batch-norm statistics).
 
+With --compress, the worker's part of an exchange is the elastic
+difference d, a model difference: it sends c = C(d + e) to the center and
+keeps e <- d + e - c (error feedback, in its `outbox`); the center moves by
+c, the worker by its own d. Center + workers + residuals is conserved, as
+center + workers is without compression. The center's reply, its model,
+stays whole. As without compression the exchange is atomic (the worker
+reads w and the center adds c under one lock).
+
 Versions read: `local` reads the worker's own parameters; `exchange` the
 worker's parameters as they were when it sent them (it takes no step while
 the exchange is in flight) and the center as it is on their arrival.
@@ -27,6 +35,13 @@ class Center(NamedTuple):
   params: Any
 
 
+class ElasticWorker(NamedTuple):
+  params: Any
+  model_state: Any
+  opt_state: Any
+  outbox: Any  # the compression state of its elastic differences (--compress)
+
+
 @dataclasses.dataclass(frozen=True)
 class EASGDSettings(Settings):
   communication_period: int = setting(4, symbol="tau")
@@ -41,17 +56,26 @@ class EASGDSettings(Settings):
             self.elasticity is None or 0 <= self.elasticity <= 1, "a number in [0, 1]")
 
 
-def local(problem: Problem, worker: TrainState, batch):
+def local(problem: Problem, worker: TrainState | ElasticWorker, batch):
   """One local step on the worker's own parameters -> (worker, metric shares)."""
   grads, model_state, metrics = problem.own_gradients(worker.params, worker.model_state, batch)
   return problem.apply_gradients(worker, grads, model_state), metrics
 
 
-def exchange(alpha: float, center: Center, worker: TrainState):
-  """The elastic update between a worker and the center -> (center, worker)."""
+def exchange(problem: Problem, alpha: float, center: Center, worker: ElasticWorker):
+  """The elastic update between a worker and the center -> (center, worker);
+  what the center adds is compressed with --compress."""
   d = jax.tree.map(lambda x, w: alpha * (x - w), worker.params, center.params)
-  return (Center(jax.tree.map(lambda w, di: w + di, center.params, d)),
-          worker._replace(params=jax.tree.map(lambda x, di: x - di, worker.params, d)))
+  sent, outbox = problem.compress_message(d, worker.outbox)
+  return (Center(jax.tree.map(lambda w, di: w + di, center.params, sent)),
+          worker._replace(params=jax.tree.map(lambda x, di: x - di, worker.params, d),
+                          outbox=outbox))
+
+
+def init(problem: Problem, key, worker) -> ElasticWorker:
+  """Every worker starts at the center."""
+  state = problem.init_state(key)
+  return ElasticWorker(*state, problem.init_outbox(state.params, worker))
 
 
 def build(settings: EASGDSettings, problem: Problem, num_workers: int) -> Elastic:
@@ -59,12 +83,13 @@ def build(settings: EASGDSettings, problem: Problem, num_workers: int) -> Elasti
   period = settings.communication_period
   return Elastic(
       init_server=lambda key: Center(problem.init_model(key)[0]),
-      init=lambda key, worker: problem.init_state(key),  # every worker starts at the center
+      init=lambda key, worker: init(problem, key, worker),
       local=lambda worker, batch: local(problem, worker, batch),
-      exchange=lambda center, worker: exchange(alpha, center, worker),
+      exchange=lambda center, worker: exchange(problem, alpha, center, worker),
       evaluated=server_evaluated,
-      # each exchange is a round trip of the model with the center
-      bytes_per_step=2.0 * num_workers * problem.model_bytes() / period,
+      # each exchange: the worker's (compressed) difference, the center's model back
+      bytes_per_step=(num_workers * (problem.message_bytes() + problem.model_bytes())
+                      / period),
       period=period)
 
 

@@ -8,6 +8,13 @@ The weights always sum to 1 and sum_m a_m x_m is unchanged by a gossip. The
 evaluated model is that weighted average, sum_m a_m x_m (batch-norm
 statistics averaged the same way).
 
+--compress is refused: a message is the sender's whole model, decided at
+the push without knowing the receiver's, which merges it as a model. A
+compressed model (most coordinates zero, or rounded) would pull the
+receiver toward it; a compressed model difference needs a model both sides
+hold, and a random peer each time means a copy of every peer's model per
+worker (CHOCO-SGD's public copies), which GoSGD does not keep.
+
 Versions read: `send` decides the message, (x_m, a_m) as they are at the
 push; `receive` merges that message into the receiver as it is on arrival.
 """
@@ -21,7 +28,9 @@ import jax.numpy as jnp
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState
 from jaxdl.algorithms.easgd import local as _local
+from jaxdl.algorithms.compression import parse_compress
 from jaxdl.algorithms.shapes import Gossip
+from jaxdl.errors import ConfigError
 from jaxdl.settings import Settings, require, setting
 
 
@@ -83,5 +92,14 @@ def build(settings: GoSGDSettings, problem: Problem, num_workers: int) -> Gossip
                 bytes_per_step=num_workers * problem.model_bytes() * p, probability=p)
 
 
+def check(settings, config) -> None:
+  del settings
+  if parse_compress(config.algorithm.compress).name != "none":
+    raise ConfigError("compress", config.algorithm.compress,
+                      "none for gosgd: its message is the sender's whole model, merged as a "
+                      "model by a random peer that holds no reference to take a compressed "
+                      "difference from")
+
+
 SPEC = AlgorithmSpec("gosgd", "gossip: push to a random peer with --gossip-probability",
-                     Gossip, build, GoSGDSettings)
+                     Gossip, build, GoSGDSettings, check=check)

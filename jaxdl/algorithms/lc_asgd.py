@@ -13,6 +13,9 @@ Asynchronous batch norm is `--async-bn` (jaxdl.algorithms.async_bn), for this
 and the other algorithms with a server. Every piece is swappable: `make(pieces)`
 builds the algorithm from other predictors or another compensation.
 
+With --compress, the pushed gradient is compressed as asp's is
+(jaxdl.algorithms.asp), the loss reported beside it whole.
+
 Versions read: `compute` reads what the worker pulled; `apply` the server's
 predictors and parameters as they are on arrival. Settings: --lc-lambda
 (lambda), --lc-max-delay (the longest rollout). The summary
@@ -82,6 +85,7 @@ class WorkerState(NamedTuple):
   version: jax.Array  # int32: the server version it pulled
   t_comm: jax.Array   # seconds its last pull took
   index: jax.Array    # int32: which worker
+  outbox: Any = optax.EmptyState()  # the compression state of its pushes (--compress)
 
 
 def build(settings: LCSettings, problem: Problem, num_workers: int,
@@ -96,16 +100,18 @@ def build(settings: LCSettings, problem: Problem, num_workers: int,
                        jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
 
   def init(key, worker) -> WorkerState:
-    pulled, model_state, grads = asp.init(problem, key)
+    pulled, model_state, grads, outbox = asp.init(problem, key, worker)
     return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
                        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
-                       jnp.asarray(worker, jnp.int32))
+                       jnp.asarray(worker, jnp.int32), outbox)
 
   def compute(worker: WorkerState, batch):
     grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state,
                                                         batch)
     loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
-    return worker._replace(model_state=model_state, grads=grads, loss=loss), metrics
+    sent, outbox = problem.compress_message(grads, worker.outbox)
+    return worker._replace(model_state=model_state, grads=sent, loss=loss,
+                           outbox=outbox), metrics
 
   def pull(server: ServerState, worker: WorkerState, t_comm):
     return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)

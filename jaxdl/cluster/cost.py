@@ -156,6 +156,9 @@ class CostModel:
   seed: int = 0
   server_s: float = 0.0   # a central process's seconds per parameter-server update
   order_s: float = 0.0    # a central process's seconds per event it orders
+  # bytes of a worker's compressed message (--compress: its push, its part of
+  # an exchange or of an all-reduce); None: uncompressed, a model's
+  message_bytes: float | None = None
   _draws: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                    compare=False, hash=False)
 
@@ -179,8 +182,8 @@ class CostModel:
          "a factor >= 1"),
     ]
     # computed from the model, or read from a checked profile: never given
-    for name in ("model_bytes", "server_s", "order_s"):
-      if getattr(self, name) < 0:
+    for name in ("model_bytes", "server_s", "order_s", "message_bytes"):
+      if (getattr(self, name) or 0) < 0:
         raise ValueError(f"{name} {getattr(self, name)!r}: >= 0")
     for field, value, ok, allowed in checks:
       if not ok:
@@ -242,6 +245,22 @@ class CostModel:
     """Ring all-reduce of the model: 2(M-1) phases moving 1/M of it each."""
     m = self.num_workers
     return 2 * (m - 1) / m * self.model_bytes / self.bandwidth + 2 * (m - 1) * self.latency
+
+  @property
+  def push_bytes(self) -> float:
+    """Bytes of a worker's message to the servers: compressed, or the model."""
+    return self.model_bytes if self.message_bytes is None else self.message_bytes
+
+  def allreduce(self) -> tuple[float, float]:
+    """(seconds, bytes all workers send) of one synchronous exchange: a ring
+    all-reduce of the model, or, with compressed messages (which do not add
+    up on the way: top-k's supports differ), a ring all-gather of them, M - 1
+    phases each forwarding one whole message."""
+    m = self.num_workers
+    if self.message_bytes is None:
+      return self.ring_allreduce_time(), 2 * (m - 1) * self.model_bytes
+    return ((m - 1) * (self.message_bytes / self.bandwidth + self.latency),
+            m * (m - 1) * self.message_bytes)
 
 
 class Link:
@@ -312,20 +331,22 @@ class Network:
     return end, end + self.cost.latency
 
   def push(self, worker: int, ready_time: float) -> float:
-    """Arrival at the servers of `worker`'s model-sized message (gradient or model)."""
-    return self._server(worker, ready_time, self.shard_down)
+    """Arrival at the servers of `worker`'s message (a gradient, a model or
+    an elastic difference; compressed with --compress)."""
+    return self._server(worker, ready_time, self.shard_down, self.cost.push_bytes)
 
   def pull(self, worker: int, ready_time: float) -> float:
     """Arrival at `worker` of the servers' model, sent from `ready_time`."""
-    return self._server(worker, ready_time, self.shard_up)
+    return self._server(worker, ready_time, self.shard_up, self.cost.model_bytes)
 
-  def _server(self, worker: int, ready_time: float, shards: list[Link]) -> float:
-    # The model is split into k equal parts sent in parallel, one per shard;
+  def _server(self, worker: int, ready_time: float, shards: list[Link],
+              nbytes: float) -> float:
+    # The message is split into k equal parts sent in parallel, one per shard;
     # each shard's link is shared by all workers. The worker's own link only
-    # caps the whole at model / bandwidth: it carries nothing else meanwhile
+    # caps the whole at nbytes / bandwidth: it carries nothing else meanwhile
     # in a PS schedule, so it is not reserved.
-    part = self.cost.model_bytes / len(shards)
-    arrival = ready_time + self.cost.transfer_time(self.cost.model_bytes)
+    part = nbytes / len(shards)
+    arrival = ready_time + self.cost.transfer_time(nbytes)
     for shard in shards:
       arrival = max(arrival, self._send(worker, (shard,), ready_time, part)[1])
     return arrival

@@ -322,6 +322,8 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
   One "step" event per global step, and a "wait" event for each worker idle at
   a barrier: from the end of its compute until the last worker's gradient is
   at the server ("ps") or until the slowest worker finishes ("allreduce").
+  With compressed messages (`cost.message_bytes`), a push carries one and an
+  all-reduce is an all-gather of them (`CostModel.allreduce`).
 
   `partitioner` (jaxdl.partition.Partitioner): the global batch's split
   changes during the run; a worker's compute time scales with its batch
@@ -337,7 +339,7 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
   if mode == "ps":
     return _bsp(cost, iterations, times)
   m, clock, events, seconds = cost.num_workers, [0.0] * cost.num_workers, [], []
-  ring, rounds = cost.ring_allreduce_time(), 0
+  (ring, round_bytes), rounds = cost.allreduce(), 0
   period = period if mode == "local" else 1
   for g in range(iterations):
     seconds.append(times(g, max(clock), events, seconds))
@@ -350,9 +352,9 @@ def synchronous(cost: CostModel, iterations: int, mode: str = "allreduce",
                   for w, t in enumerate(clock) if t < barrier)
     clock, rounds = [barrier + ring] * m, rounds + 1
     events.append(Event(barrier + ring, "step", -1, iteration=g))
-  # Ring all-reduce: each worker sends 2(M-1)/M of the model per round.
-  return Schedule(events, rounds * 2 * (m - 1) * cost.model_bytes, (0.0,) * m,
-                  list(zip(*seconds)))
+  # Ring all-reduce: each worker sends 2(M-1)/M of the model per round (or
+  # M - 1 compressed messages: cost.allreduce).
+  return Schedule(events, rounds * round_bytes, (0.0,) * m, list(zip(*seconds)))
 
 
 def _partitioned(cost: CostModel, partitioner) -> Callable:

@@ -63,7 +63,8 @@ def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
                  for w, b in enumerate(streams.batch_sizes))
   common = dict(servers=c.servers, speeds=speeds, jitter=c.jitter,
                 straggler_prob=c.straggler_prob, straggler_slowdown=c.straggler_slowdown,
-                seed=config.train.seed)
+                seed=config.train.seed,
+                message_bytes=problem.message_bytes() if problem.compresses else None)
   if cluster.is_profile(c.cluster):
     return cluster.CostModel(m, model_bytes=problem.model_bytes(),
                              **measured_costs(config, mean_batch), **common)
