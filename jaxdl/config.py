@@ -55,16 +55,16 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """Optimizer and learning-rate schedule (every algorithm's update rule)."""
-  optimizer: str = "sgd"
-  """Any optax optimizer by name: see `jaxdl list`."""
+  optimizer: str | None = None
+  """Any optax optimizer by name: see `jaxdl list` (unset: sgd, or the algorithm's own recipe that `jaxdl list` states, e.g. diloco's adamw; a recipe's lr and weight decay hold for its optimizer only)."""
   lr: float | None = None
   """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M)."""
   momentum: float | None = None
   """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states); other optimizers take theirs through --opt-args."""
   nesterov: bool = False
   """Nesterov momentum for sgd."""
-  weight_decay: float = 0.0
-  """Weight decay: decoupled for optimizers that take it (adamw, lamb, ...), an L2 term added to the gradient otherwise."""
+  weight_decay: float | None = None
+  """Weight decay: decoupled for optimizers that take it (adamw, lamb, ...), an L2 term added to the gradient otherwise (unset: 0, or the algorithm's recipe)."""
   opt_args: str = "{}"
   """Further keyword arguments of the optax optimizer, as JSON, e.g. '{"b2": 0.98}'."""
   schedule: Literal["constant", "cosine", "step", "linear"] = "cosine"
@@ -434,8 +434,9 @@ def validate(config: RunConfig) -> RunConfig:
     _positive(field, c[field])
   for field in ("steps", "image_size", "lr", "target_accuracy", "price_per_device_hour"):
     _positive(field, c[field], allow_none=True)  # (the target's range: by its metric, later)
-  for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay"):
+  for field in ("eval_every", "checkpoint_every", "warmup_steps"):
     _positive(field, c[field], zero=True)
+  _positive("weight_decay", c["weight_decay"], zero=True, allow_none=True)
   _positive("momentum", c["momentum"], zero=True, allow_none=True)
   if c["momentum"] is not None and not c["momentum"] < 1:
     raise ConfigError("momentum", c["momentum"], "a number in [0, 1), or unset")
@@ -462,11 +463,26 @@ def validate(config: RunConfig) -> RunConfig:
     cluster.read_profile(c["cluster"])
   else:
     cluster.parse_cluster(c["cluster"])
-  optim.parse_opt_args(c["optimizer"], c["opt_args"])
+  if c["optimizer"] is not None:
+    optim.OPTIMIZERS.get(c["optimizer"])  # an unknown name first, whatever the algorithm
   batch_sizes(config)
   policy(config)
   resolve(config)
+  run_optim(config)  # the optimizer's --opt-args, once the algorithm's recipe is known
   return config
+
+
+def run_optim(config: RunConfig) -> OptimConfig:
+  """The run's optimizer section with every unset field filled: by the
+  algorithm's defaults for its M workers (AlgorithmSpec.optim_defaults),
+  else jaxdl.optim's; its --opt-args checked against the optimizer."""
+  from jaxdl import optim
+  from jaxdl.algorithms import ALGORITHMS
+  spec = ALGORITHMS.get(config.algorithm.algorithm)
+  rule = spec.optim_defaults and spec.optim_defaults(config.algorithm.workers)
+  filled = optim.with_defaults(config.optim, rule)
+  optim.parse_opt_args(filled.optimizer, filled.opt_args)
+  return filled
 
 
 def check_target(target: float | None, metric: str = "test_accuracy",
