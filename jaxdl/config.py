@@ -118,7 +118,7 @@ class ClusterConfig:
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
-  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd, diloco) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
   rebalance_every: int = 5
   """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
   rebalance_window: int = 20
@@ -550,8 +550,8 @@ def resolve(config: RunConfig):
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
       if value != default and field not in emulated:
         also = (f", which --engine {engine} emulates only for a synchronous algorithm (sgd, "
-                "bsp, ar_sgd, local_sgd)" if field in EMULATED and engine in EMULATING_ENGINES
-                else "")
+                "bsp, ar_sgd, local_sgd, diloco)"
+                if field in EMULATED and engine in EMULATING_ENGINES else "")
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
                           f"(--engine sim), which a run on real devices does not have{also}")
@@ -566,7 +566,7 @@ def resolve(config: RunConfig):
     if spec.shape is not Collective:
       raise ConfigError("partition", config.cluster.partition,
                         f"static for {spec.name}: proportional and adaptive split a synchronous "
-                        "step's global batch (sgd, bsp, ar_sgd, local_sgd)")
+                        "step's global batch (sgd, bsp, ar_sgd, local_sgd, diloco)")
   if config.distributed.reduce not in ("host", "device"):
     raise ConfigError("reduce", config.distributed.reduce, "host or device")
   if config.distributed.reduce != "host" and not (own_programs and split_workers(config)):
@@ -591,7 +591,7 @@ def resolve(config: RunConfig):
                       f"left unset with --engine {engine} (it is where --engine ray runs)")
   if cfg.sync_bn and spec.shape is not Collective:
     raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
-                      f"local_sgd): {spec.name}'s workers share no batch statistics")
+                      f"local_sgd, diloco): {spec.name}'s workers share no batch statistics")
   _check_parallelism(config, spec, engine)
   return spec, engine
 
@@ -626,7 +626,7 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
   if spec.shape is not Collective or engine != "mesh":
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "
-                      "local_sgd) on --engine mesh")
+                      "local_sgd, diloco) on --engine mesh")
   if m.model not in PIPELINED_MODELS or config.data.dataset.startswith(TASK_PREFIX):
     why = ("a sequence of stages, no batch norm" if m.parallelism == "pipeline"
            else "layers with a split, no batch norm")
