@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 
 from jaxdl import algorithms
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
-from jaxdl.config import TASK_PREFIX, RunConfig, batch_sizes, check_target, resolve, validate
+from jaxdl.config import (TASK_PREFIX, RunConfig, batch_sizes, check_target, resolve,
+                          run_optim, validate)
 from jaxdl.data import Streams, TextDataset, load_dataset, make_streams
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.models import MODELS, TEXT_MODELS, build_model
-from jaxdl.optim import make_optimizer, with_defaults
+from jaxdl.optim import make_optimizer
 from jaxdl.task import Task, classification, language_model, registered, task_names
 
 if TYPE_CHECKING:
@@ -142,8 +143,7 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
   m = config.algorithm.workers
   per_step = m if spec.shape is Centralized else 1
-  optim = with_defaults(config.optim, spec.optim_defaults and spec.optim_defaults(m))
-  optimizer = make_optimizer(optim, total, streams.steps_per_epoch, per_step)
+  optimizer = make_optimizer(run_optim(config), total, streams.steps_per_epoch, per_step)
   problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
                     async_bn=config.algorithm.async_bn, seed=config.train.seed,
                     compress=config.algorithm.compress)

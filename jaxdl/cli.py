@@ -247,8 +247,9 @@ def _list(args: list[str]) -> int:
     docs = field_docs(spec.settings)
     for field, value in spec.settings().to_dict().items():
       rows.append((f"  --{field.replace('_', '-')} {value}", docs.get(field, "")))
-    if spec.optim_rule:
-      rows.append(("  --lr, --momentum", spec.optim_rule))
+    if spec.optim_rule:  # the flags its defaults fill
+      flags = ", ".join("--" + k.replace("_", "-") for k in spec.optim_defaults(1))
+      rows.append((f"  {flags}", spec.optim_rule))
   sections.append(("algorithms (--algorithm) and their settings", rows))
   from jaxdl.cluster import DEFAULT_UTILIZATION, DEVICE_PROFILES
   sections.append(("simulated devices (--cluster [COUNTx]PROFILE, sim engine)", [

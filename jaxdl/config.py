@@ -55,16 +55,16 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """Optimizer and learning-rate schedule (every algorithm's update rule)."""
-  optimizer: str = "sgd"
-  """Any optax optimizer by name: see `jaxdl list`."""
+  optimizer: str | None = None
+  """Any optax optimizer by name: see `jaxdl list` (unset: sgd, or the algorithm's own recipe that `jaxdl list` states, e.g. diloco's adamw; a recipe's lr and weight decay hold for its optimizer only)."""
   lr: float | None = None
   """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M)."""
   momentum: float | None = None
   """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states); other optimizers take theirs through --opt-args."""
   nesterov: bool = False
   """Nesterov momentum for sgd."""
-  weight_decay: float = 0.0
-  """Weight decay: decoupled for optimizers that take it (adamw, lamb, ...), an L2 term added to the gradient otherwise."""
+  weight_decay: float | None = None
+  """Weight decay: decoupled for optimizers that take it (adamw, lamb, ...), an L2 term added to the gradient otherwise (unset: 0, or the algorithm's recipe)."""
   opt_args: str = "{}"
   """Further keyword arguments of the optax optimizer, as JSON, e.g. '{"b2": 0.98}'."""
   schedule: Literal["constant", "cosine", "step", "linear"] = "cosine"
@@ -93,7 +93,7 @@ class AlgorithmConfig:
   bn_decay: float = 0.1
   """Async-BN's d: E <- (1 - d) E + d * a worker's reported batch statistics."""
   compress: str = "none"
-  """NAME[:ARG]: compress each worker's outgoing message with error feedback (it sends C(x + e) and keeps the residual e, checkpointed with its state): topk[:FRACTION] (the largest FRACTION of each leaf, in (0, 1], default 0.01; values and int32 indices), randk[:FRACTION] (random coordinates, the same), qsgd[:LEVELS] (default 16), sign (scaled sign, a bit a coordinate), powersgd[:RANK] (default 2) or none. The message is the gradient for sgd, ar_sgd and bsp (before the all-reduce or push; compressed messages are all-gathered, M (M - 1) a step) and for asp, ssp, dc_asgd and lc_asgd (the push; the pull stays whole); the model difference from the last average for local_sgd, the elastic difference for easgd (the center's reply stays whole); gosgd and ad_psgd refuse it (they send whole models). --engine sim times and counts (bytes_total) the compressed bytes; mesh and ray move the same values as dense arrays."""
+  """NAME[:ARG]: compress each worker's outgoing message with error feedback (it sends C(x + e) and keeps the residual e, checkpointed with its state): topk[:FRACTION] (the largest FRACTION of each leaf, in (0, 1], default 0.01; values and int32 indices), randk[:FRACTION] (random coordinates, the same), qsgd[:LEVELS] (default 16), sign (scaled sign, a bit a coordinate), powersgd[:RANK] (default 2) or none. The message is the gradient for sgd, ar_sgd and bsp (before the all-reduce or push; compressed messages are all-gathered, M (M - 1) a step) and for asp, ssp, dc_asgd and lc_asgd (the push; the pull stays whole); the model difference from the last average for local_sgd, the outer gradient (theta - theta_m) for diloco, the elastic difference for easgd (the center's reply stays whole); gosgd and ad_psgd refuse it (they send whole models). --engine sim times and counts (bytes_total) the compressed bytes; mesh and ray move the same values as dense arrays."""
   settings: tyro.conf.Suppress[Any] = None
   """The algorithm's own settings (its `Settings` dataclass; None: its defaults). Set them by their flat names: RunConfig.make(algorithm="ssp", staleness_bound=5)."""
 
@@ -120,7 +120,7 @@ class ClusterConfig:
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
-  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd, diloco) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). A split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
   rebalance_every: int = 5
   """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
   rebalance_window: int = 20
@@ -437,8 +437,9 @@ def validate(config: RunConfig) -> RunConfig:
     _positive(field, c[field])
   for field in ("steps", "image_size", "lr", "target_accuracy", "price_per_device_hour"):
     _positive(field, c[field], allow_none=True)  # (the target's range: by its metric, later)
-  for field in ("eval_every", "checkpoint_every", "warmup_steps", "weight_decay"):
+  for field in ("eval_every", "checkpoint_every", "warmup_steps"):
     _positive(field, c[field], zero=True)
+  _positive("weight_decay", c["weight_decay"], zero=True, allow_none=True)
   _positive("momentum", c["momentum"], zero=True, allow_none=True)
   if c["momentum"] is not None and not c["momentum"] < 1:
     raise ConfigError("momentum", c["momentum"], "a number in [0, 1), or unset")
@@ -465,12 +466,27 @@ def validate(config: RunConfig) -> RunConfig:
     cluster.read_profile(c["cluster"])
   else:
     cluster.parse_cluster(c["cluster"])
-  optim.parse_opt_args(c["optimizer"], c["opt_args"])
+  if c["optimizer"] is not None:
+    optim.OPTIMIZERS.get(c["optimizer"])  # an unknown name first, whatever the algorithm
   parse_compress(c["compress"])
   batch_sizes(config)
   policy(config)
   resolve(config)
+  run_optim(config)  # the optimizer's --opt-args, once the algorithm's recipe is known
   return config
+
+
+def run_optim(config: RunConfig) -> OptimConfig:
+  """The run's optimizer section with every unset field filled: by the
+  algorithm's defaults for its M workers (AlgorithmSpec.optim_defaults),
+  else jaxdl.optim's; its --opt-args checked against the optimizer."""
+  from jaxdl import optim
+  from jaxdl.algorithms import ALGORITHMS
+  spec = ALGORITHMS.get(config.algorithm.algorithm)
+  rule = spec.optim_defaults and spec.optim_defaults(config.algorithm.workers)
+  filled = optim.with_defaults(config.optim, rule)
+  optim.parse_opt_args(filled.optimizer, filled.opt_args)
+  return filled
 
 
 def check_target(target: float | None, metric: str = "test_accuracy",
@@ -538,8 +554,8 @@ def resolve(config: RunConfig):
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
       if value != default and field not in emulated:
         also = (f", which --engine {engine} emulates only for a synchronous algorithm (sgd, "
-                "bsp, ar_sgd, local_sgd)" if field in EMULATED and engine in EMULATING_ENGINES
-                else "")
+                "bsp, ar_sgd, local_sgd, diloco)"
+                if field in EMULATED and engine in EMULATING_ENGINES else "")
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
                           f"(--engine sim), which a run on real devices does not have{also}")
@@ -554,7 +570,7 @@ def resolve(config: RunConfig):
     if spec.shape is not Collective:
       raise ConfigError("partition", config.cluster.partition,
                         f"static for {spec.name}: proportional and adaptive split a synchronous "
-                        "step's global batch (sgd, bsp, ar_sgd, local_sgd)")
+                        "step's global batch (sgd, bsp, ar_sgd, local_sgd, diloco)")
   if config.distributed.reduce not in ("host", "device"):
     raise ConfigError("reduce", config.distributed.reduce, "host or device")
   if config.distributed.reduce != "host" and not (own_programs and split_workers(config)):
@@ -579,7 +595,7 @@ def resolve(config: RunConfig):
                       f"left unset with --engine {engine} (it is where --engine ray runs)")
   if cfg.sync_bn and spec.shape is not Collective:
     raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
-                      f"local_sgd): {spec.name}'s workers share no batch statistics")
+                      f"local_sgd, diloco): {spec.name}'s workers share no batch statistics")
   _check_parallelism(config, spec, engine)
   return spec, engine
 
@@ -619,7 +635,7 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
   if spec.shape is not Collective or engine != "mesh":
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "
-                      "local_sgd) on --engine mesh")
+                      "local_sgd, diloco) on --engine mesh")
   from jaxdl.parallel.tensor import TENSOR_MODELS
   models = PIPELINED_MODELS if m.parallelism == "pipeline" else TENSOR_MODELS
   if m.model not in models or config.data.dataset.startswith(TASK_PREFIX):

@@ -49,13 +49,21 @@ def parse_opt_args(optimizer: str, opt_args: str) -> dict[str, Any]:
 
 # The optimizer's defaults where neither the user nor the algorithm sets them.
 LR, MOMENTUM = 0.05, 0.9
+DEFAULTS = {"optimizer": "sgd", "lr": LR, "momentum": MOMENTUM, "weight_decay": 0.0}
 
 
 def with_defaults(cfg, defaults: dict | None = None):
-  """`cfg` with its unset lr and momentum filled: from `defaults` (an
-  algorithm's rule for its worker count, AlgorithmSpec.optim_defaults), else
-  LR and MOMENTUM."""
-  defaults = {"lr": LR, "momentum": MOMENTUM, **(defaults or {})}
+  """`cfg` with its unset optimizer, lr, momentum and weight decay filled:
+  from `defaults` (an algorithm's rule for its worker count,
+  AlgorithmSpec.optim_defaults), else DEFAULTS.
+
+  Defaults that name an optimizer are a recipe for it: where the user names
+  another, none of them hold (an lr tuned for adamw is not one for sgd).
+  """
+  defaults = dict(defaults or {})
+  if cfg.optimizer not in (None, defaults.get("optimizer", cfg.optimizer)):
+    defaults = {}
+  defaults = {**DEFAULTS, **defaults}
   return dataclasses.replace(cfg, **{k: v for k, v in defaults.items()
                                      if getattr(cfg, k) is None})
 
@@ -96,7 +104,7 @@ def make_schedule(cfg, total_steps: int, steps_per_epoch: int,
 def make_optimizer(cfg, total_steps: int, steps_per_epoch: int,
                    updates_per_step: int = 1) -> optax.GradientTransformation:
   """The optax optimizer that `cfg` names, with its schedule and weight decay
-  (`updates_per_step`: see make_schedule; unset lr and momentum: LR, MOMENTUM)."""
+  (`updates_per_step`: see make_schedule; unset fields: DEFAULTS)."""
   cfg = with_defaults(cfg)
   fn = OPTIMIZERS.get(cfg.optimizer)
   params = inspect.signature(fn).parameters

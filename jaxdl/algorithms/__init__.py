@@ -8,8 +8,8 @@ derive from the registry.
 """
 from __future__ import annotations
 
-from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, easgd, gosgd,
-                              lc_asgd, local_sgd)
+from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, diloco, easgd,
+                              gosgd, lc_asgd, local_sgd)
 from jaxdl.algorithms.base import AlgorithmSpec, Batch, Problem, TrainState
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.algorithms.shapes import (SHAPES, Centralized, Collective, Decentralized, Elastic,
@@ -17,8 +17,8 @@ from jaxdl.algorithms.shapes import (SHAPES, Centralized, Collective, Decentrali
 from jaxdl.registry import Registry
 
 ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm")
-for _spec in (ar_sgd.SGD, bsp.SPEC, ar_sgd.SPEC, local_sgd.SPEC, asp.ASP, asp.SSP, dc_asgd.SPEC,
-              lc_asgd.SPEC, easgd.SPEC, gosgd.SPEC, ad_psgd.SPEC):
+for _spec in (ar_sgd.SGD, bsp.SPEC, ar_sgd.SPEC, local_sgd.SPEC, diloco.SPEC, asp.ASP, asp.SSP,
+              dc_asgd.SPEC, lc_asgd.SPEC, easgd.SPEC, gosgd.SPEC, ad_psgd.SPEC):
   ALGORITHMS.add(_spec)
 
 

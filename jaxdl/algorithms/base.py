@@ -202,9 +202,10 @@ class AlgorithmSpec:
   become flat `jaxdl run` flags, `jaxdl list` rows and compare labels.
   `check(settings, config)` raises a ConfigError for settings of other
   sections that the algorithm cannot run with (e.g. bsp's server shards).
-  `optim_defaults(num_workers)` gives the optimizer's lr and momentum where
-  the user sets none (jaxdl.optim.with_defaults), with `optim_rule` saying
-  how, for `jaxdl list` and the docs. `server` says whether it keeps a
+  `optim_defaults(num_workers)` gives values for the optimizer section's
+  fields the user leaves unset (optimizer, lr, momentum, weight_decay;
+  jaxdl.optim.with_defaults: a recipe that names an optimizer holds only
+  for it), with `optim_rule` saying how, for `jaxdl list` and the docs. `server` says whether it keeps a
   parameter server that --servers shards (unset: a centralized or elastic
   shape does).
   The engines that can run it are those that declare its shape.

@@ -97,8 +97,9 @@ def check(settings, config) -> None:
   workers, servers = config.algorithm.workers, config.cluster.servers
   if servers < 1 or servers > workers or workers % servers:
     raise ConfigError("servers", servers, f"a divisor of --workers {workers}")
-  if config.optim.optimizer in LAYERWISE_OPTIMIZERS:
-    raise ConfigError("optimizer", config.optim.optimizer,
+  optimizer = config.optim.optimizer or "sgd"  # bsp has no recipe of its own
+  if optimizer in LAYERWISE_OPTIMIZERS:
+    raise ConfigError("optimizer", optimizer,
                       "an elementwise optimizer for bsp, whose server updates flat "
                       "slices (use --algorithm ar_sgd for layer-wise ones)")
 

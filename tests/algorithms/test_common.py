@@ -26,9 +26,11 @@ STEPS = 30
 def _config(name: str, engine: str) -> RunConfig:
   # Plain SGD: with momentum 0.9 at this rate, asp's stale updates diverge
   # (asynchrony acts as extra momentum), which is the algorithm, not a bug.
+  # Named, so that an algorithm's own recipe (diloco's adamw) does not apply.
   workers = ALGORITHMS.get(name).max_workers or 4
   return RunConfig.make(algorithm=name, engine=engine, workers=workers, model="mlp",
-                        batch_size=16, lr=0.1, momentum=0.0, schedule="constant")
+                        batch_size=16, optimizer="sgd", lr=0.1, momentum=0.0,
+                        schedule="constant")
 
 
 def test_every_algorithm_runs_on_some_engine():

@@ -18,12 +18,14 @@ M = 4
 TAU, PROB = 3, 0.25
 # Per step: a push and a pull per worker at a server; a ring all-reduce sends
 # 2 (M - 1) / M of the model from each of M workers; local SGD and EASGD
-# communicate every tau-th step; GoSGD sends one model w.p. p per worker.
+# communicate every tau-th step, DiLoCo every H-th (H = tau here: one ring
+# all-reduce of the model); GoSGD sends one model w.p. p per worker.
 EXPECTED = {
     "sgd": (1, 0.0),
     "bsp": (M, 2 * M * P),
     "ar_sgd": (M, 2 * (M - 1) * P),
     "local_sgd": (M, 2 * (M - 1) * P / TAU),
+    "diloco": (M, 2 * (M - 1) * P / TAU),
     "asp": (M, 2 * M * P),
     "ssp": (M, 2 * M * P),
     "dc_asgd": (M, 2 * M * P),
@@ -32,7 +34,8 @@ EXPECTED = {
     "gosgd": (M, M * P * PROB),
     "ad_psgd": (M, 2 * M * P),
 }
-SETTINGS = {"local_sgd": dict(communication_period=TAU), "easgd": dict(communication_period=TAU),
+SETTINGS = {"local_sgd": dict(communication_period=TAU), "diloco": dict(inner_steps=TAU),
+            "easgd": dict(communication_period=TAU),
             "gosgd": dict(gossip_probability=PROB)}
 
 

@@ -31,6 +31,19 @@ def test_what_the_user_sets_is_kept():
   assert unset.lr == LR and math.isclose(unset.momentum, MOMENTUM)
 
 
+def test_a_recipe_holds_for_its_own_optimizer_only():
+  recipe = {"optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.1}
+  unset = with_defaults(RunConfig().optim, recipe)
+  assert (unset.optimizer, unset.lr, unset.weight_decay) == ("adamw", 3e-3, 0.1)
+  named = with_defaults(RunConfig.make(optimizer="adamw", lr=1e-2).optim, recipe)
+  assert (named.optimizer, named.lr, named.weight_decay) == ("adamw", 1e-2, 0.1)
+  other = with_defaults(RunConfig.make(optimizer="sgd").optim, recipe)
+  assert (other.optimizer, other.lr, other.momentum, other.weight_decay) == (
+      "sgd", LR, MOMENTUM, 0.0)
+  plain = with_defaults(RunConfig().optim)
+  assert (plain.optimizer, plain.weight_decay) == ("sgd", 0.0)
+
+
 def test_asp_with_its_defaults_trains_at_8_workers(tmp_path):
   # With lr 0.05 and momentum 0.9 for every push it ended at 0.11 (diverged).
   summary = jaxdl.run(RunConfig.make(algorithm="asp", workers=8, progress=False,

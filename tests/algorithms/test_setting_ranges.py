@@ -17,6 +17,11 @@ from jaxdl.errors import ConfigError
 #                        how the refusal states the range)}
 RANGES = {
     "local_sgd": {"communication_period": ([1], [0, -1], "an integer >= 1")},
+    "diloco": {"inner_steps": ([1], [0, -1], "an integer >= 1"),
+               "outer_optimizer": (["nesterov", "sgd", "adam"], ["adamw", "Nesterov", ""],
+                                   "one of nesterov, sgd, adam"),
+               "outer_lr": ([1e-9], [0.0, -0.7], "a number > 0"),
+               "outer_momentum": ([0.0, 0.999], [1.0, -1e-6], "a number in [0, 1)")},
     "ssp": {"staleness_bound": ([0], [-1], "an integer >= 0")},
     "dc_asgd": {"dc_lambda": ([0.0], [-1e-6], "a number >= 0"),
                 "dc_adaptive": ([False, True], [], None),

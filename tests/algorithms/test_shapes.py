@@ -45,6 +45,12 @@ FLAGS = {"momentum": dict(optimizer="sgd", lr=0.05, momentum=0.9),
 RULES = {"momentum": optax.sgd(0.05, momentum=0.9), "adam": optax.adam(1e-3, eps=1e-6)}
 CLOSE = {"momentum": dict(rtol=1e-5, atol=1e-7), "adam": dict(rtol=1e-5, atol=1e-6)}
 KEY = 0
+# DiLoCo's one worker takes the sequential loop's steps when its outer step
+# makes the worker's model theta (outer SGD at lr 1 without momentum; its
+# default Nesterov step extrapolates past it), every step, with the inner
+# optimizer's state kept across outer steps.
+ONE_WORKER = {"diloco": dict(inner_steps=1, outer_optimizer="sgd", outer_lr=1.0,
+                             outer_momentum=0.0)}
 
 
 def names(shape: type) -> list[str]:
@@ -108,7 +114,7 @@ def _differs(a, b) -> bool:
 def test_collective_one_worker_is_the_sequential_optax_loop(tmp_path, name, optimizer):
   steps = 5
   events = [Event(float(t), "step", -1, t) for t in range(steps)]
-  run = _replay(tmp_path, name, events, 1, **FLAGS[optimizer])
+  run = _replay(tmp_path, name, events, 1, **FLAGS[optimizer], **ONE_WORKER.get(name, {}))
   state, _ = train(run.engine, steps, key=KEY)
   chex.assert_trees_all_close(run.engine.evaluated(state)[0],
                               _sequential(run, RULES[optimizer], steps), **CLOSE[optimizer])

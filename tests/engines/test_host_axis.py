@@ -58,6 +58,7 @@ def per_worker_programs(sim, reduce: str = "host"):
     ("ar_sgd", "mlp", {}),
     ("bsp", "mlp", {}),
     ("local_sgd", "mlp", {"communication_period": 2}),
+    ("diloco", "mlp", {"inner_steps": 2}),
     # batch statistics over all workers' batches, psum'd inside the gradient
     # (sgd: adam's normalization would magnify float rounding in ~0 gradients)
     ("ar_sgd", "cnn_bn", {"sync_bn": True, "optimizer": "sgd", "lr": 0.05}),
@@ -70,8 +71,9 @@ def test_each_worker_its_own_program_equals_the_sim_engine(algorithm, model, ext
   expected = sim.evaluated(train(sim, STEPS)[0])
   got, inside = per_worker_programs(sim)
   chex.assert_trees_all_close(got, expected, rtol=2e-5, atol=2e-6)
-  # every step meets at the exchange; local SGD's only every 2nd (its averaging)
-  meets = list(range(1, STEPS, 2) if algorithm == "local_sgd" else range(STEPS))
+  # every step meets at the exchange; local SGD's and DiLoCo's only every 2nd
+  # (the averaging, the outer step)
+  meets = list(range(1, STEPS, 2) if algorithm in ("local_sgd", "diloco") else range(STEPS))
   assert all(sorted(steps) == meets for steps in inside)
 
 

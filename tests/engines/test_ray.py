@@ -155,7 +155,8 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
   assert at_6[0]["test_loss"] == at_6[1]["test_loss"]
 
 
-@pytest.mark.parametrize("name", ["bsp", pytest.param("local_sgd", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["bsp", pytest.param("local_sgd", marks=pytest.mark.slow),
+                                  pytest.param("diloco", marks=pytest.mark.slow)])
 def test_a_collective_algorithm_on_processes_is_the_mesh_run(ray_instance, tmp_path, name):
   """BSP on two processes that jax.distributed joins (the algorithm's own
   step, its collectives across processes): the same parameters, bit for bit,

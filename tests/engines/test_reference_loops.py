@@ -23,7 +23,7 @@ The engine must agree with these loops to float tolerance: they are the
 definition, and the engine's batching and fusion are an implementation.
 Updates are SGD with momentum 0.9 (optax.sgd: v <- g + 0.9 v, x <- x - lr v),
 so that optimizer state is part of what must agree. The synchronous
-algorithms (sgd, bsp, ar_sgd, local_sgd) are checked the same way, with
+algorithms (sgd, bsp, ar_sgd, local_sgd, diloco) are checked the same way, with
 unequal batches (4, 4, 4, 12) on every engine that runs them.
 """
 from __future__ import annotations
@@ -309,3 +309,29 @@ def test_local_sgd_averages_with_the_batch_shares(tmp_path, engine):
                                          for b, q in zip(sizes, p)), *x)
       x = [jax.tree.map(np.copy, mean) for _ in sizes]
   close(run.setup.engine.evaluated(run.state)[0], x[0])
+
+
+@pytest.mark.parametrize("engine", ["mesh", "sim"])
+def test_diloco_applies_nesterov_to_the_weighted_delta(tmp_path, engine):
+  """Douillard et al. 2023, Algorithm 1: H = 2 inner steps of momentum SGD
+  per worker (its own velocity, kept across outer steps), then theta moves by
+  outer Nesterov SGD (lr 0.7, momentum 0.9) on Delta = theta - sum_m (b_m/B)
+  theta_m, and every worker restarts from theta."""
+  run = sync_run(tmp_path, "diloco", engine, optimizer="sgd", inner_steps=2)
+  sizes = run.setup.streams.batch_sizes
+  theta, outer_velocity = run.copy(), zeros(run.initial)
+  x = [run.copy() for _ in sizes]
+  velocity = [zeros(run.initial) for _ in sizes]
+  for t in range(CONFIG.train.steps):  # 8 steps: the last one is an outer step
+    for m in range(len(sizes)):
+      x[m], velocity[m] = sgd(x[m], velocity[m], run.gradient(x[m], m, t)[1])
+    if (t + 1) % 2 == 0:
+      mean = jax.tree.map(lambda *p: sum(np.float32(b / sum(sizes)) * q
+                                         for b, q in zip(sizes, p)), *x)
+      delta = jax.tree.map(lambda a, b: a - b, theta, mean)
+      outer_velocity = jax.tree.map(lambda d, v: d + np.float32(0.9) * v, delta,
+                                    outer_velocity)
+      theta = jax.tree.map(lambda w, d, v: w - np.float32(0.7) * (d + np.float32(0.9) * v),
+                           theta, delta, outer_velocity)
+      x = [jax.tree.map(np.copy, theta) for _ in sizes]
+  close(run.setup.engine.evaluated(run.state)[0], theta)

@@ -43,9 +43,10 @@ def test_sim_resume_equals_the_uninterrupted_run(tmp_path, name):
   assert resumed["simulated_time_s"] == full["simulated_time_s"]
 
 
-@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd"])
+@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd", "diloco"])
 def test_sim_engine_matches_the_mesh_engine(algorithm):
-  settings = dict(communication_period=2) if algorithm == "local_sgd" else {}
+  settings = {"local_sgd": dict(communication_period=2),
+              "diloco": dict(inner_steps=2)}.get(algorithm, {})
   config = RunConfig.make(algorithm=algorithm, workers=4, batch_sizes=(8, 12, 8, 4),
                           model="mlp", schedule="constant", optimizer="adam", lr=1e-3,
                           **settings)

@@ -211,6 +211,7 @@ def test_a_schedule_trains_the_vit_as_one_device_does():
     ("ar_sgd", "mlp", 3, "gpipe", {}),
     ("bsp", "cnn", 4, "gpipe", {}),                          # stages of different shapes
     ("local_sgd", "vit", 2, "gpipe", {"communication_period": 2}),
+    ("diloco", "mlp", 2, "gpipe", {"inner_steps": 2}),
     ("sgd", "vit", 4, "gpipe", {"optimizer": "adam", "lr": 1e-3}),
     ("ar_sgd", "vit", 4, "1f1b", {}),
     ("bsp", "cnn", 3, "1f1b", {}),

@@ -64,6 +64,7 @@ def test_convolutions_split_by_channels_and_batch_norm_with_them():
     ("bsp", "mlp", 2, 2),
     ("ar_sgd", "cnn_bn", 2, 2),                                  # batch norm by channels
     pytest.param("sgd", "resnet18", 1, 4, marks=pytest.mark.slow),
+    ("diloco", "mlp", 2, 2),
 ])
 def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model, workers, k):
   """--parallelism tensor inside a synchronous algorithm (each worker's
@@ -80,7 +81,8 @@ def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model,
   steps = 1 if model == "resnet18" else 5
   base = dict(algorithm=algorithm, workers=workers, model=model, batch_size=16,
               schedule="constant", optimizer="sgd", lr=0.05, momentum=0.9,
-              **({"communication_period": 2} if algorithm == "local_sgd" else {}))
+              **{"local_sgd": {"communication_period": 2},
+                 "diloco": {"inner_steps": 2}}.get(algorithm, {}))
   split = make_engine(RunConfig.make(**base, parallelism="tensor", tensor_parallel=k))
   assert split.mesh.devices.shape == (workers, k) and split.mesh.axis_names[1] == TENSOR_AXIS
   whole = make_engine(RunConfig.make(**base))
@@ -101,8 +103,10 @@ def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model,
   dims = leaf_dims(model, _params(model), split._worker_shapes)
   leaves = jax.tree.leaves(state.workers)
   split_leaves = [x for x, d in zip(leaves, jax.tree.leaves(dims)) if d >= 0]
-  # every split parameter, and its momentum as well
-  assert len(split_leaves) == 2 * len(split_dims(model, _params(model)))
+  # every split parameter, and its momentum as well (diloco: theta and its
+  # outer momentum too)
+  copies = 4 if algorithm == "diloco" else 2
+  assert len(split_leaves) == copies * len(split_dims(model, _params(model)))
   assert all(TENSOR_AXIS in str(x.sharding.spec) for x in split_leaves)
   memory = [e.figures()["memory_per_device_bytes"]["arguments"] for e in (split, whole)]
   assert memory[0] < memory[1], memory
