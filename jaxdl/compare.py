@@ -197,7 +197,23 @@ STRATEGY_VARIANTS = (
 STRATEGIES_GRID = Grid(variants=STRATEGY_VARIANTS, workers=(2,), timing_networks=(), run=(
     ("dataset", "digits"), ("model", "vit"), ("engine", "mesh"), ("batch_size", 32),
     ("lr", 0.05), ("schedule", "constant"), ("epochs", 5.0), ("seed", 0)))
-GRIDS = {"default": DEFAULT_GRID, "strategies": STRATEGIES_GRID}
+# Communicating less: synchronous (ar_sgd), asynchronous (asp), DiLoCo (an
+# outer step every 8 inner steps, its outer Nesterov; plain SGD inside, as
+# the grid's others), and messages compressed with error feedback (ar_sgd
+# with top-k 1% and PowerSGD rank 2, asp's push with top-k 1%), at 4, 8 and
+# 16 workers on a fast (56 Gb/s) and a slow (1 Gb/s) network; the default
+# grid's task and compute time, 10 epochs.
+COMMUNICATION_VARIANTS = (
+    Variant("sgd"), Variant("ar_sgd"), Variant("asp"),
+    Variant("diloco", (("inner_steps", 8),), name="diloco_h8"),
+    Variant("ar_sgd", (("compress", "topk:0.01"),), name="ar_sgd_topk"),
+    Variant("ar_sgd", (("compress", "powersgd:2"),), name="ar_sgd_powersgd"),
+    Variant("asp", (("compress", "topk:0.01"),), name="asp_topk"))
+COMMUNICATION_GRID = Grid(variants=COMMUNICATION_VARIANTS, networks=("56gbps", "1gbps"),
+                          timing_networks=(), run=tuple({**dict(DEFAULT_RUN),
+                                                         "epochs": 10.0}.items()))
+GRIDS = {"default": DEFAULT_GRID, "strategies": STRATEGIES_GRID,
+         "communication": COMMUNICATION_GRID}
 """The grids `jaxdl compare --grid NAME` runs."""
 
 
@@ -267,7 +283,7 @@ class CompareArgs:
   lambda0 2), lc_asgd at 4, 8 and 16 workers. `jaxdl report DIR` redoes the
   tables and plots."""
   grid: str = "default"
-  """The grid: default (the miniature IPDPS'21 + LC-ASGD comparison above) or strategies (the ASU seed's: one device, data parallel on 2 workers, GPipe and model parallel on 2 stages, tensor parallel on 2 devices; the ViT on digits, --engine mesh, which needs 2 devices: on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2). The flags below override it."""
+  """The grid: default (the miniature IPDPS'21 + LC-ASGD comparison above) or strategies (the ASU seed's: one device, data parallel on 2 workers, GPipe and model parallel on 2 stages, tensor parallel on 2 devices; the ViT on digits, --engine mesh, which needs 2 devices: on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2) or communication (communicating less: ar_sgd, asp, diloco with H = 8, ar_sgd with top-k 1% and PowerSGD rank 2, asp with top-k 1%, at 4, 8, 16 workers on 56 and 1 Gb/s; --engine sim). The flags below override it."""
   experiment: str | None = None
   """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py), instead of --grid; the flags below override it."""
   algorithms: tuple[str, ...] | None = None
