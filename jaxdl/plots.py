@@ -36,20 +36,23 @@ def _pyplot():
 
 def color_order() -> list[str]:
   """The labels with a colour of their own, in palette order: the default
-  comparison's variants, then every other registered algorithm."""
+  comparison's variants, every other registered algorithm, then the other
+  named grids' variants."""
   from jaxdl.algorithms import ALGORITHMS
-  from jaxdl.compare import DEFAULT_GRID
-  return list(dict.fromkeys([v.label for v in DEFAULT_GRID.variants] + ALGORITHMS.names()))
+  from jaxdl.compare import DEFAULT_GRID, GRIDS
+  return list(dict.fromkeys([v.label for v in DEFAULT_GRID.variants] + ALGORITHMS.names()
+                            + [v.label for g in GRIDS.values() for v in g.variants]))
 
 
 def color(label: str) -> tuple[float, ...]:
   """A variant's colour, the same in every plot and comparison: tab20's dark
-  colours then its light ones, greys left out (they read as "off"), taken in
-  `color_order`; a label outside it takes one by a hash of its name (stable,
-  but may be shared)."""
+  colours then its light ones, greys left out (they read as "off"), then
+  tab20b's, taken in `color_order`; a label outside it takes one by a hash
+  of its name (stable, but may be shared)."""
   import matplotlib
-  cmap = matplotlib.colormaps["tab20"]
+  cmap, more = matplotlib.colormaps["tab20"], matplotlib.colormaps["tab20b"]
   palette = [cmap(i) for start in (0, 1) for i in range(start, 20, 2) if i not in (14, 15)]
+  palette += [more(i) for start in (0, 2, 1, 3) for i in range(start, 20, 4)]
   order = color_order()
   index = order.index(label) if label in order else zlib.crc32(label.encode())
   return palette[index % len(palette)]
@@ -204,6 +207,7 @@ def accuracy_against_bytes(report: Report) -> Figure:
   """The final test metric against the bytes the workers sent (log scale),
   one panel per network, a line per variant through its worker counts:
   what communicating less buys or costs."""
+  import matplotlib.ticker  # noqa: F401  (NullFormatter)
   plt = _pyplot()
   networks = [n for n in report.networks if _bytes_cells(report, n)]
   fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4), squeeze=False,
@@ -219,6 +223,7 @@ def accuracy_against_bytes(report: Report) -> Figure:
       for m, x, y in points:
         ax.annotate(f"×{m}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(f"network {net}")
     ax.set_xlabel("bytes sent by the workers (MB)")
     ax.grid(alpha=0.3)

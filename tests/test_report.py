@@ -5,7 +5,7 @@ import pytest
 
 from jaxdl import plots, report, rundir
 from jaxdl.cli import main
-from jaxdl.compare import DEFAULT_GRID
+from jaxdl.compare import DEFAULT_GRID, GRIDS
 from jaxdl.config import RunConfig
 from jaxdl.plots import PLOTS
 
@@ -182,9 +182,12 @@ def test_a_variant_has_one_colour_in_every_plot_and_comparison(comparison, tmp_p
   b = _line_colors(plots.accuracy_against_workers(report.Report(other)))
   assert a["ssp_s3"] == b["ssp_s3"] == plots.color("ssp_s3")
   assert a["asp"] == plots.color("asp") != a["ssp_s3"]
-  # the default comparison's variants all differ
+  # the default comparison's variants all differ, and every named grid's
   labels = [v.label for v in DEFAULT_GRID.variants]
   assert len({plots.color(v) for v in labels}) == len(labels)
+  for grid in GRIDS.values():
+    labels = [v.label for v in grid.variants]
+    assert len({plots.color(v) for v in labels}) == len(labels), labels
 
 
 def test_report_axes_say_which_seconds(comparison):
