@@ -427,3 +427,16 @@ def test_compression_where_it_makes_no_sense_is_refused(tmp_path, capsys, args, 
   line = refused(capsys, [*RUN, "--out", str(out), "--compress", "topk:0.1", *args],
                  "--compress", out)
   assert says in line
+
+
+def test_more_workers_with_their_own_programs_than_cpu_threads_is_refused(tmp_path, capsys):
+  """Each worker's program (here --compute-time's) holds one of XLA's CPU
+  client threads while it waits for the others at the exchange: one worker
+  more than it has threads would hang the run; it is refused instead."""
+  from jaxdl.engines.split import cpu_program_threads
+  most = cpu_program_threads()
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "ar_sgd", "--engine", "mesh",
+                          "--workers", str(most + 1), "--batch-size", "4",
+                          "--compute-time", "0.01"], "--workers", out)
+  assert f"at most {most} on CPU devices" in line

@@ -19,6 +19,7 @@ process (`MeshSplit`), or the ray engine's processes
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ from jaxdl.algorithms import Batch, Collective
 from jaxdl.build import Cadence
 from jaxdl.engines import base
 from jaxdl.engines.events import initial_state, stack, take
+from jaxdl.errors import ConfigError
 from jaxdl.partition import Partitioner, Partitions
 
 PAD_TO = 8
@@ -227,6 +229,27 @@ class SplitRun:
     return jax.device_get(self.algorithm.evaluated(jax.device_put(state)))
 
 
+def cpu_program_threads() -> int:
+  """How many programs XLA's CPU client runs at once: its thread pool's size,
+  the larger of the cores this process may run on and its CPU devices."""
+  return max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1, len(jax.devices("cpu")))
+
+
+def _check_cpu_threads(devices) -> None:
+  """Refuses more workers on CPU devices than XLA's CPU client runs programs
+  at once: a worker's program holds one of its threads while it waits for
+  the others at the exchange, and one left without a thread would never
+  come (the run would hang)."""
+  on_cpu, most = sum(d.platform == "cpu" for d in devices), cpu_program_threads()
+  if on_cpu > most:
+    raise ConfigError("workers", len(devices), f"at most {most} on CPU devices when each "
+                      "worker runs its own program (--partition proportional or adaptive, "
+                      f"--compute-time, --worker-devices): XLA runs {most} CPU programs at "
+                      "once, a waiting worker's holds one; more CPU devices allow more "
+                      "(XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+
+
 class MeshSplit(SplitRun, base.LocalProcess):
   """The mesh engine's form of `SplitRun`: the M workers are threads of this
   process, each on its own device (--worker-devices: several kinds of device
@@ -241,6 +264,7 @@ class MeshSplit(SplitRun, base.LocalProcess):
     reduce = config.distributed.reduce
     self.exchange = Exchange(m, reduce)
     devices = distributed.worker_devices(config.distributed.worker_devices, m)
+    _check_cpu_threads(devices)
     self.workers = [SplitWorker(config, algorithm, problem, streams, w,
                                 self.exchange.collective, devices[w]) for w in range(m)]
     self.devices = len(set(devices))
