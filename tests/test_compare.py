@@ -214,16 +214,22 @@ def test_compare_help_lists_the_run_flags_it_passes_on(capsys):
 
 
 def test_a_named_grid(tmp_path, capsys):
-  """--grid strategies is the strategies experiment's mini scale; an unknown
-  name, or one given with --experiment, is refused in one line."""
+  """--grid strategies is the strategies experiment's mini scale; --grid
+  communication's cells are valid runs on two networks; an unknown name, or
+  one given with --experiment, is refused in one line."""
   from pathlib import Path
   strategies = compare.named_grid(compare.CompareArgs(grid="strategies"))
   assert strategies == compare.STRATEGIES_GRID and compare.check_cells(strategies, tmp_path) == {}
   path = Path(__file__).parent.parent / "experiments" / "strategies.py"
   assert compare.load_experiment(str(path)).cells() == strategies.cells()
   assert compare.named_grid(compare.CompareArgs()) is compare.DEFAULT_GRID
+  communication = compare.named_grid(compare.CompareArgs(grid="communication"))
+  assert compare.check_cells(communication, tmp_path) == {}  # every cell a valid run
+  cells = communication.cells()
+  assert {c.network for c in cells} == {"56gbps", "1gbps"} and not any(c.timing for c in cells)
+  assert len(cells) == 2 * (1 + 6 * 3)  # sgd, and 6 variants at 4, 8, 16 workers
   for args, says in ((["--grid", "nope"], "--grid='nope' is not valid: one of default, "
-                      "strategies"),
+                      "strategies, communication"),
                      (["--grid", "strategies", "--experiment", str(path)],
                       "--grid='strategies' is not valid: its default (default) with "
                       "--experiment, which gives the grid")):
