@@ -209,6 +209,7 @@ def test_a_schedule_trains_the_vit_as_one_device_does():
 
 @pytest.mark.parametrize("algorithm, model, stages, schedule, extra", [
     ("ar_sgd", "mlp", 3, "gpipe", {}),
+    ("ar_sgd", "mlp", 2, "1f1b", {}),
     ("bsp", "cnn", 4, "gpipe", {}),                          # stages of different shapes
     ("local_sgd", "vit", 2, "gpipe", {"communication_period": 2}),
     ("diloco", "mlp", 2, "gpipe", {"inner_steps": 2}),
@@ -261,11 +262,14 @@ def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, 
   figures = pipelined.figures()
   ideal = (stages - 1) / (microbatches + stages - 1)
   assert figures["bubble_fraction_ideal"] == pytest.approx(ideal)
-  # measured: a stage is busy at most its share of the slots, m / (m + p - 1)
-  # (less where it waits for the host, or shares the cores with the others)
-  assert len(figures["busy_fraction_per_device"]) == stages
-  assert figures["bubble_fraction_measured"] > ideal - 0.05, figures
-  assert 0 < min(figures["busy_fraction_per_device"])
+  # measured (from the fourth step on): each stage's work timed alone over the
+  # step's time, and the devices' mean idle share (on devices that share two
+  # cores a timing, not a bound: tests/parallel checks no inequality of it)
+  if steps >= 4:
+    busy = figures["busy_fraction_per_device"]
+    assert len(busy) == stages and min(busy) > 0
+    assert busy == pytest.approx([w / figures["step_seconds"] for w in figures["stage_seconds"]])
+    assert figures["bubble_fraction_measured"] == pytest.approx(1 - np.mean(busy))
 
 
 @pytest.mark.parametrize("model, stages, schedule", [
@@ -363,3 +367,19 @@ def test_a_pipelined_step_compiles_outside_the_persistent_cache():
   finally:
     jax.monitoring.unregister_event_listener(listen)
   assert counts == [0, 1]
+
+
+def test_a_stages_timed_work_follows_its_arithmetic():
+  """stage_seconds times each stage's own work of a step on its device: a
+  stage of eight 256 x 256 dense layers takes far longer than one that
+  scales its input (a thousand times the arithmetic)."""
+  from jaxdl.parallel.pipeline import stage_seconds
+
+  def heavy(p, x):
+    for _ in range(8):
+      x = jnp.tanh(x @ p["w"])
+    return x
+  params = [{"w": jnp.eye(256) * 0.5}, {"s": jnp.ones(())}]
+  stages = Stages.of((heavy, lambda p, x: x * p["s"]), params, (256,))
+  heavy_s, light_s = stage_seconds(stages, 4, 64, jax.devices()[:2], repeats=3)
+  assert heavy_s > 5 * light_s, (heavy_s, light_s)
