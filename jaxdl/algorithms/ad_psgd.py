@@ -25,9 +25,8 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
-from jaxdl.algorithms.compression import parse_compress
+from jaxdl.algorithms import compression
 from jaxdl.algorithms.shapes import Decentralized
-from jaxdl.errors import ConfigError
 
 
 class PeerWorker(NamedTuple):
@@ -76,11 +75,9 @@ def build(settings, problem: Problem, num_workers: int) -> Decentralized:
 
 def check(settings, config) -> None:
   del settings
-  if parse_compress(config.algorithm.compress).name != "none":
-    raise ConfigError("compress", config.algorithm.compress,
-                      "none for ad_psgd: its averaging swaps whole models with a random "
-                      "neighbour, with no reference both hold to take a compressed difference "
-                      "from")
+  compression.refuse(config.algorithm.compress, "ad_psgd",
+                     "its averaging swaps whole models with a random neighbour, with no "
+                     "reference both hold to take a compressed difference from")
 
 
 SPEC = AlgorithmSpec("ad_psgd", "asynchronous decentralized: average with a random neighbour "

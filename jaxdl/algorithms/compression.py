@@ -285,6 +285,13 @@ def _spec(spec: CompressSpec | str) -> CompressSpec:
   return parse_compress(str(spec))  # a spec built by hand is checked as its text
 
 
+def refuse(text: str, algorithm: str, why: str) -> None:
+  """A ConfigError naming --compress unless `text` is none: `algorithm`'s
+  messages take no compression, `why`."""
+  if parse_compress(text).name != "none":
+    raise ConfigError("compress", text, f"none for {algorithm}: {why}")
+
+
 def message_bytes(spec: CompressSpec | str, shapes) -> int:
   """The bytes of one compressed message of a pytree of `shapes` (arrays or
   jax.ShapeDtypeStruct), summed over leaves. Values are at the leaf's dtype

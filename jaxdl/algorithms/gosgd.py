@@ -28,9 +28,8 @@ import jax.numpy as jnp
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState
 from jaxdl.algorithms.easgd import local as _local
-from jaxdl.algorithms.compression import parse_compress
+from jaxdl.algorithms import compression
 from jaxdl.algorithms.shapes import Gossip
-from jaxdl.errors import ConfigError
 from jaxdl.settings import Settings, require, setting
 
 
@@ -94,11 +93,10 @@ def build(settings: GoSGDSettings, problem: Problem, num_workers: int) -> Gossip
 
 def check(settings, config) -> None:
   del settings
-  if parse_compress(config.algorithm.compress).name != "none":
-    raise ConfigError("compress", config.algorithm.compress,
-                      "none for gosgd: its message is the sender's whole model, merged as a "
-                      "model by a random peer that holds no reference to take a compressed "
-                      "difference from")
+  compression.refuse(config.algorithm.compress, "gosgd",
+                     "its message is the sender's whole model, merged as a model by a "
+                     "random peer that holds no reference to take a compressed difference "
+                     "from")
 
 
 SPEC = AlgorithmSpec("gosgd", "gossip: push to a random peer with --gossip-probability",
