@@ -43,7 +43,7 @@ class ModelConfig:
   parallelism: str = "data"
   """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights split over --tensor-parallel devices, Megatron-style), for a synchronous algorithm; pipeline: mlp, cnn, cnn_bn, vit, resnet and vgg models (batch norm normalizes each micro-batch by its own statistics, as in GPipe); tensor: the same models (a batch norm split by channels as the convolution before it)."""
   tensor_parallel: int = 2
-  """--parallelism tensor: k, the devices each worker's weights are split over: dense layers in pairs by columns then rows, attention by heads then rows, convolutions by output channels (k must divide each split dimension)."""
+  """--parallelism tensor: k, the devices each worker's weights are split over: dense layers in pairs by columns then rows, attention by heads then rows, convolutions by output channels (a residual block's last pair by output then input channels), batch norm by channels (k must divide each split dimension)."""
   stages: int = 2
   """--parallelism pipeline: p, the stages (devices) each worker's model is cut into, balanced by parameter count."""
   microbatches: int = 4
