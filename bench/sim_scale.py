@@ -1,0 +1,105 @@
+"""Simulating many workers: samples/s and peak memory against M = 1.
+
+Each case runs in a process of its own (its peak resident memory is its
+own): the sim engine's `asp` or `gosgd` with M simulated workers on the mlp
+(synthetic 8x8 images, batch 8 a worker), a number of steps after a
+warm-up. Prints samples/s (simulated updates' examples per wall second) and
+its ratio to M = 1, the process's peak memory, and the workers' states'
+bytes (what memory should grow with).
+
+  python -m bench.sim_scale                          # asp and gosgd, M = 1, 64, 256, 1024
+  python -m bench.sim_scale --algorithms asp --workers 1 64
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import tyro
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+  algorithms: tuple[str, ...] = ("asp", "gosgd")
+  workers: tuple[int, ...] = (1, 64, 256, 1024)
+  steps: int = 5
+  """Sim steps timed (each M updates, after one step of warm-up)."""
+  case: str | None = None
+  """(internal) "ALGORITHM:M": run one case in this process and print its JSON."""
+
+
+def run_case(algorithm: str, workers: int, steps: int) -> dict:
+  import jax
+  import numpy as np
+
+  from jaxdl import algorithms
+  from jaxdl.algorithms import ALGORITHMS, Problem
+  from jaxdl.config import RunConfig
+  from jaxdl.data import ImageFields, WorkerStreams
+  from jaxdl.data.sources import ArraySplit
+  from jaxdl.engines import SimEngine
+  from jaxdl.models import build_model
+  from jaxdl.optim import make_optimizer
+  from jaxdl.task import classification
+
+  batch, shape = 8, (8, 8, 1)
+  rng = np.random.default_rng(0)
+  size = max(4096, 4 * workers * batch)  # each worker's shard: 4 batches
+  split = ArraySplit(rng.integers(0, 256, (size, *shape), np.uint8),
+                     rng.integers(0, 10, size), 1 / 255, np.zeros(1), np.ones(1))
+  config = RunConfig.make(model="mlp", lr=0.01, momentum=0.0, schedule="constant",
+                          batch_size=batch, workers=workers, algorithm=algorithm, jitter=0.2,
+                          compute_time=0.01)
+  problem = Problem(classification(build_model("mlp", 10, shape)),
+                    make_optimizer(config.optim, 10**6, 100))
+  spec = ALGORITHMS.get(algorithm)
+  shape_of = algorithms.build(spec, config.settings(), problem, workers)
+  streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
+  sim = SimEngine(shape_of, problem, streams, config, steps + 1)
+  state = sim.init(jax.random.key(0))
+  state, _ = sim.step(state, 0)  # compile
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  for t in range(1, steps + 1):
+    state, _ = sim.step(state, t)
+  jax.block_until_ready(state)
+  seconds = time.perf_counter() - start
+  state_bytes = sum(x.nbytes for x in jax.tree.leaves(state.workers))
+  return {"algorithm": algorithm, "workers": workers,
+          "samples_per_s": steps * workers * batch / seconds,
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "worker_state_mb": state_bytes / 1e6}
+
+
+def main(args: Args) -> int:
+  if args.case:
+    algorithm, workers = args.case.split(":")
+    print(json.dumps(run_case(algorithm, int(workers), args.steps)))
+    return 0
+  from bench.timing import machine
+  print(f"machine: {machine()}")
+  print(f"{'algorithm':<10}{'M':>6}{'samples/s':>12}{'vs M=1':>8}{'peak MB':>9}"
+        f"{'states MB':>11}")
+  for algorithm in args.algorithms:
+    base = None
+    for m in args.workers:
+      out = subprocess.run([sys.executable, "-m", "bench.sim_scale", "--case",
+                            f"{algorithm}:{m}", "--steps", str(args.steps)],
+                           capture_output=True, text=True, check=False)
+      if out.returncode:
+        print(f"{algorithm:<10}{m:>6}  failed: {out.stderr.strip().splitlines()[-1:]}")
+        continue
+      r = json.loads(out.stdout.strip().splitlines()[-1])
+      base = base or r["samples_per_s"]
+      print(f"{algorithm:<10}{m:>6}{r['samples_per_s']:>12,.0f}"
+            f"{r['samples_per_s'] / base:>8.3f}{r['peak_rss_mb']:>9.0f}"
+            f"{r['worker_state_mb']:>11.1f}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(tyro.cli(Args)))
