@@ -2,10 +2,12 @@
 
 Each case runs in a process of its own (its peak resident memory is its
 own): the sim engine's `asp` or `gosgd` with M simulated workers on the mlp
-(synthetic 8x8 images, batch 8 a worker), a number of steps after a
-warm-up. Prints samples/s (simulated updates' examples per wall second) and
-its ratio to M = 1, the process's peak memory, and the workers' states'
-bytes (what memory should grow with).
+(synthetic 8x8 images, batch 8 a worker), a number of steps after as many
+of warm-up (the engine compiles a step's programs as their ops first
+come). Prints samples/s (simulated updates' examples per wall second) and
+its ratio to M = 1, the process's peak memory, the workers' states' bytes
+(what memory should grow with), and the seconds of compiling that fell in
+the timed steps.
 
   python -m bench.sim_scale                          # asp and gosgd, M = 1, 64, 256, 1024
   python -m bench.sim_scale --algorithms asp --workers 1 64
@@ -27,7 +29,7 @@ class Args:
   algorithms: tuple[str, ...] = ("asp", "gosgd")
   workers: tuple[int, ...] = (1, 64, 256, 1024)
   steps: int = 5
-  """Sim steps timed (each M updates, after one step of warm-up)."""
+  """Sim steps timed (each M updates), after as many of warm-up."""
   case: str | None = None
   """(internal) "ALGORITHM:M": run one case in this process and print its JSON."""
 
@@ -59,18 +61,24 @@ def run_case(algorithm: str, workers: int, steps: int) -> dict:
   spec = ALGORITHMS.get(algorithm)
   shape_of = algorithms.build(spec, config.settings(), problem, workers)
   streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
-  sim = SimEngine(shape_of, problem, streams, config, steps + 1)
+  sim = SimEngine(shape_of, problem, streams, config, 2 * steps)
   state = sim.init(jax.random.key(0))
-  state, _ = sim.step(state, 0)  # compile
+  for t in range(steps):  # warm-up: the step's programs compile as their ops first come
+    state, _ = sim.step(state, t)
   jax.block_until_ready(state)
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, seconds, **kw: compiles.append(seconds)
+      if event == "/jax/core/compile/backend_compile_duration" else None)
   start = time.perf_counter()
-  for t in range(1, steps + 1):
+  for t in range(steps, 2 * steps):
     state, _ = sim.step(state, t)
   jax.block_until_ready(state)
   seconds = time.perf_counter() - start
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(state.workers))
   return {"algorithm": algorithm, "workers": workers,
           "samples_per_s": steps * workers * batch / seconds,
+          "compile_s": sum(compiles),  # of the timed steps' seconds
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           "worker_state_mb": state_bytes / 1e6}
 
@@ -83,7 +91,7 @@ def main(args: Args) -> int:
   from bench.timing import machine
   print(f"machine: {machine()}")
   print(f"{'algorithm':<10}{'M':>6}{'samples/s':>12}{'vs M=1':>8}{'peak MB':>9}"
-        f"{'states MB':>11}")
+        f"{'states MB':>11}{'compile s':>11}")
   for algorithm in args.algorithms:
     base = None
     for m in args.workers:
@@ -97,7 +105,7 @@ def main(args: Args) -> int:
       base = base or r["samples_per_s"]
       print(f"{algorithm:<10}{m:>6}{r['samples_per_s']:>12,.0f}"
             f"{r['samples_per_s'] / base:>8.3f}{r['peak_rss_mb']:>9.0f}"
-            f"{r['worker_state_mb']:>11.1f}", flush=True)
+            f"{r['worker_state_mb']:>11.1f}{r['compile_s']:>11.2f}", flush=True)
   return 0
 
 

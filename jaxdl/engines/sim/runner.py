@@ -143,7 +143,9 @@ class OpRunner:
       while end < len(ops) and ops[end].kind == kind:
         end += 1
       if end - start > 1 and kind in self.runs:
-        pad = lambda x: np.concatenate([x[start:end], np.zeros_like(x[:self.length - end + start])])
+        # (to the longest step's length: one shape, one compile, whatever the run's)
+        pad = lambda x: np.concatenate(
+            [x[start:end], np.zeros((self.length - end + start, *x.shape[1:]), x.dtype)])
         server, workers, sums = self.runs[kind](
             server, workers, sums, jax.tree.map(pad, arrays), np.int32(end - start), data)
       else:
