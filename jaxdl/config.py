@@ -601,9 +601,6 @@ def resolve(config: RunConfig):
 
 
 PARALLELISMS = ("data", "pipeline", "tensor")
-PIPELINED_MODELS = ("mlp", "cnn", "cnn_bn", "vit", "resnet18", "resnet34", "resnet50",
-                    "vgg11", "vgg11_bn", "vgg16", "vgg16_bn")
-"""The zoo models that are a sequence of stages (`pieces()`)."""
 
 
 def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
@@ -636,8 +633,9 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
     raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
                       f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "
                       "local_sgd, diloco) on --engine mesh")
+  from jaxdl.models import MODELS  # every zoo image model is a sequence of pieces
   from jaxdl.parallel.tensor import TENSOR_MODELS
-  models = PIPELINED_MODELS if m.parallelism == "pipeline" else TENSOR_MODELS
+  models = tuple(MODELS.names()) if m.parallelism == "pipeline" else TENSOR_MODELS
   if m.model not in models or config.data.dataset.startswith(TASK_PREFIX):
     why = "a sequence of stages" if m.parallelism == "pipeline" else "layers with a split"
     raise ConfigError("model", m.model, "one of " + ", ".join(models)

@@ -305,7 +305,8 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
     (["--algorithm", "bsp", "--engine", "sim", "--parallelism", "pipeline"], "--parallelism",
      "data for bsp with --engine sim"),
     (["--algorithm", "bsp", "--parallelism", "pipeline", "--dataset", "python_docs",
-      "--model", "transformer"], "--model", "one of mlp, cnn, cnn_bn, vit, resnet18"),
+      "--model", "transformer"], "--model", "one of mlp, cnn, cnn_bn, resnet18, resnet34, "
+     "resnet50, vgg11, vgg11_bn, vgg16, vgg16_bn, vit with --parallelism pipeline"),
     (["--algorithm", "ar_sgd", "--parallelism", "pipeline", "--stages", "4"], "--stages",
      "at most 3: mlp is a sequence of 3 pieces"),
     (["--algorithm", "bsp", "--parallelism", "pipeline", "--stages", "1"], "--stages",

@@ -2,6 +2,7 @@
 import chex
 import jax
 import numpy as np
+import pytest
 
 from jaxdl.config import RunConfig
 from tests.helpers import leaves, make_engine, train
@@ -44,11 +45,14 @@ def test_local_sgd_evaluates_the_mean_model_and_can_sync_batch_norm():
   chex.assert_trees_all_close((params, stats), (ar_params, ar_stats), rtol=1e-4, atol=1e-5)
 
 
-def test_local_sgd_communicates_once_every_period(tmp_path):
+@pytest.mark.parametrize("algorithm, period", [("local_sgd", {"communication_period": 4}),
+                                               ("diloco", {"inner_steps": 4})])
+def test_it_communicates_once_every_period(tmp_path, algorithm, period):
+  """local_sgd's averaging and DiLoCo's outer step: an all-reduce every 4th step."""
   import jaxdl
   run = dict(workers=4, model="mlp", steps=8, engine="sim", dry_run=True, progress=False,
              compute_time=1e-3)
-  local = jaxdl.run(RunConfig.make(algorithm="local_sgd", communication_period=4,
+  local = jaxdl.run(RunConfig.make(algorithm=algorithm, **period,
                                    out=str(tmp_path / "local"), **run))
   ar = jaxdl.run(RunConfig.make(algorithm="ar_sgd", out=str(tmp_path / "ar"), **run))
   assert local["bytes_total"] > 0 and 4 * local["bytes_total"] == ar["bytes_total"]
