@@ -412,8 +412,20 @@ class RaySplit(SplitRun, _RayRun):
     self._begin_split(config, total_steps, reduce)
 
   def _all(self, method: str, *args) -> list:
+    return self._wait([getattr(w, method).remote(*args) for w in self.workers])
+
+  def _step_all(self, step: int) -> list:
+    # A step with nothing from the driver after it is followed at once by the
+    # next: each worker's actor runs its calls in order, so the next begins as
+    # the worker ends this one, not after a round trip to the driver.
+    replies = self.next_replies if self.ahead else [w.step.remote(step) for w in self.workers]
+    self.ahead = self._runs_ahead(step)
+    if self.ahead:
+      self.next_replies = [w.step.remote(step + 1) for w in self.workers]
+    return self._wait(replies)
+
+  def _wait(self, replies: list) -> list:
     ray = self._ray
-    replies = [getattr(w, method).remote(*args) for w in self.workers]
     pending = replies
     while True:  # all replies at once; while some are late, whether one failed
       done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)

@@ -164,10 +164,19 @@ class SplitRun:
     self.events: list[trace.Event] = []
     self.seconds: list[list[float]] = [[] for _ in range(self.num_workers)]
     self.begun, self.clock = False, 0.0  # the steps' seconds so far, compiling excluded
+    self.ahead = False  # whether the next step began as the last ended (`_runs_ahead`)
+    self.ended: float | None = None  # when the last step's replies were in, if so
 
   def _step_all(self, step: int) -> list:
     """Every worker's reply to step `step`."""
     return self._all("step", step)
+
+  def _runs_ahead(self, step: int) -> bool:
+    """Whether step + 1 may begin as soon as the workers end `step`, with
+    nothing from the driver in between: no split may come after it, and
+    neither the state after it nor a step beyond the run is wanted."""
+    return (step + 2 < self.total_steps and not self.cadence.observes(step + 1)
+            and not self.partitioner.due(self.partitioner.observed + 1))
 
   def _state(self):
     """Every worker's state, stacked (host arrays)."""
@@ -182,10 +191,13 @@ class SplitRun:
       self.begun = True
       if step:  # from a checkpoint's state; the policy starts again from the static split
         self._all("begin", state)
-    begin = time.perf_counter()
+    begin = time.perf_counter() if self.ended is None else self.ended
     replies = self._step_all(step)
-    # The step's time, less the longest compile in it (the others waited for it).
-    took = time.perf_counter() - begin - max(r[2] for r in replies)
+    # The step's time, less the longest compile in it (the others waited for it):
+    # from its call, or from the last step's end where it began then.
+    end = time.perf_counter()
+    took = end - begin - max(r[2] for r in replies)
+    self.ended = end if self.ahead else None
     self.clock += took
     seconds = [float(r[1]) for r in replies]
     for w, s in enumerate(seconds):  # idle: the step's time less its own batch's
