@@ -116,7 +116,9 @@ class SplitWorker:
     """Takes step t with the others, on its `padded_batch` (None: read now):
     (its metric shares, its batch's seconds: the step's less those spent in
     collectives, emulated time included, compiling excluded; its seconds
-    compiling a step for a new batch size)."""
+    compiling a step for a new batch size). A batch it reads itself is read
+    inside its modelled time, as a prefetching input pipeline's would be."""
+    begun = time.perf_counter()
     fields, weights = self.padded_batch(t) if batch is None else batch
     b, padded = self.streams.size(self.w, t), len(weights)
     batch = jax.device_put(Batch(fields, weights, np.array([self.w, t], np.int32)),
@@ -129,7 +131,7 @@ class SplitWorker:
       self.compiling += compiling
     if self.cost is not None:
       self.target = self.cost.compute_time(self.w, t) * b / self.static
-    self.computed, self.mark = 0.0, time.perf_counter()
+    self.computed, self.mark = 0.0, begun + compiling
     self.state, metrics = self.compiled[padded](self.state, batch, np.int32(t))
     jax.block_until_ready(self.state)
     self._slowed()
