@@ -418,8 +418,6 @@ def test_a_bad_compressor_is_refused(tmp_path, capsys, value, says):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--algorithm", "gosgd", "--workers", "2"], "none for gosgd"),
-    (["--algorithm", "ad_psgd", "--workers", "2"], "none for ad_psgd"),
     (["--algorithm", "ar_sgd", "--workers", "2", "--engine", "mesh", "--parallelism",
       "pipeline"], "none with --parallelism pipeline"),
 ])
@@ -428,6 +426,16 @@ def test_compression_where_it_makes_no_sense_is_refused(tmp_path, capsys, args, 
   line = refused(capsys, [*RUN, "--out", str(out), "--compress", "topk:0.1", *args],
                  "--compress", out)
   assert says in line
+
+
+@pytest.mark.parametrize("algorithm", ["gosgd", "ad_psgd"])
+def test_compressed_gossip_among_too_many_workers_is_refused(tmp_path, capsys, algorithm):
+  """Compressed gossip keeps a reference model at both ends of every ordered
+  pair of workers, 2 M^2 models: more than 32 workers are refused."""
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--compress", "topk:0.1", "--algorithm",
+                          algorithm, "--workers", "33", "--engine", "sim"], "--workers", out)
+  assert f"at most 32 for {algorithm} with --compress topk:0.1" in line
 
 
 def test_more_workers_with_their_own_programs_than_cpu_threads_is_refused(tmp_path, capsys):

@@ -7,11 +7,34 @@ preserves the mean of the workers' models; the evaluated model is that mean
 (batch-norm statistics averaged too). Real concurrent runs need a bipartite
 active/passive split to avoid deadlock; a simulated schedule does not.
 
---compress is refused: an averaging swaps the two workers' whole models with
-a random neighbour, and (x_m + x_k) / 2 of a compressed model is no average.
-Compressing the difference x_m - x_k needs a model both hold, and a random
-neighbour each time means a copy of every other worker's model per worker
-(CHOCO-SGD's public copies), which AD-PSGD does not keep.
+With --compress, the two models of an average travel as compressed
+differences from references both ends of each direction hold
+(jaxdl.algorithms.pairwise, after CHOCO-SGD, Koloskova et al. 2019):
+
+    q_mk = C(x_m - r_{m->k}),   q_km = C(x_k - r_{k->m})   (each with its own draws)
+    r_{m->k} <- r_{m->k} + q_mk,  r_{k->m} <- r_{k->m} + q_km   (on both ends)
+    x_m <- (x_m + r_{k->m}) / 2,  x_k <- (x_k + r_{m->k}) / 2
+
+each worker averaging its own model with its reconstruction of the other's,
+the references updated first. Derivation, writing e_m = x_m - r_{m->k} for
+what m's message left out (after the update):
+  - with C the identity, r_{k->m} = r + (x_k - r) = x_k and r_{m->k} = x_m,
+    so both get (x_m + x_k) / 2, the uncompressed average (up to the
+    rounding of r + (x - r));
+  - otherwise x_m <- (x_m + x_k - e_k) / 2 and x_k <- (x_m + x_k - e_m) / 2:
+    the models differ by (e_m - e_k) / 2 after it, and their mean moves by
+    -(e_m + e_k) / 4 (the uncompressed average preserves it). Each side's
+    own e stays in its x - r, which goes in the pair's next exchanges (error
+    feedback without a residual): e_m <- (x_k - x_m) / 2 + e_m - e_k / 2
+    before the next compression, a factor 1 on e_m, so a contraction C
+    keeps it bounded.
+CHOCO-SGD's own step, x_m <- x_m + gamma (r_{k->m} - r_{m->k}) with gamma
+= 1/2, preserves the mean, but multiplies e_m by 1 + gamma = 3/2 before the
+next compression: measured on the mlp with 4 workers, it diverged with
+randk:0.1 (the last 10 of 60 steps' loss 874), where CHOCO takes gamma of
+the order of C's delta; this rule needs no such step size. Batch-norm
+statistics are averaged whole. Each worker keeps 2 M references, so M is
+bounded (pairwise.MAX_WORKERS); without --compress none are kept.
 
 Versions read: `compute` reads the snapshot taken by `pull`, never the model
 that averages changed since; `average` both models as they are when the
@@ -24,8 +47,8 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jaxdl.algorithms import pairwise
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
-from jaxdl.algorithms import compression
 from jaxdl.algorithms.shapes import Decentralized
 
 
@@ -35,15 +58,28 @@ class PeerWorker(NamedTuple):
   opt_state: Any
   pulled: Any  # the snapshot its current gradient is computed on
   grads: Any
+  links: Any = ()  # its pairwise references (--compress: pairwise.Links; () without)
 
 
-def average(worker: PeerWorker, peer: PeerWorker):
-  """Atomic averaging of two workers' models -> (worker, peer)."""
+def average(problem: Problem, worker: PeerWorker, peer: PeerWorker):
+  """Atomic averaging of two workers' models -> (worker, peer); with
+  --compress, each with its reconstruction of the other's (see the module's
+  docstring)."""
   mean = lambda a, b: (a + b) / 2
-  params = jax.tree.map(mean, worker.params, peer.params)
   model_state = jax.tree.map(mean, worker.model_state, peer.model_state)
-  return (worker._replace(params=params, model_state=model_state),
-          peer._replace(params=params, model_state=model_state))
+  if not problem.compresses:
+    params = jax.tree.map(mean, worker.params, peer.params)
+    return (worker._replace(params=params, model_state=model_state),
+            peer._replace(params=params, model_state=model_state))
+  m, k = worker.links.index, peer.links.index
+  mine, q_mk = pairwise.encode(problem.compress, worker.links, worker.params, k)
+  theirs, q_km = pairwise.encode(problem.compress, peer.links, peer.params, m)
+  mine, x_k = pairwise.decode(mine, q_km, k)
+  theirs, x_m = pairwise.decode(theirs, q_mk, m)
+  return (worker._replace(params=jax.tree.map(mean, worker.params, x_k),
+                          model_state=model_state, links=mine),
+          peer._replace(params=jax.tree.map(mean, peer.params, x_m),
+                        model_state=model_state, links=theirs))
 
 
 def evaluated(workers: PeerWorker):
@@ -55,7 +91,10 @@ def build(settings, problem: Problem, num_workers: int) -> Decentralized:
 
   def init(key, worker) -> PeerWorker:
     state = problem.init_state(key)
-    return PeerWorker(*state, state.params, jax.tree.map(jax.numpy.zeros_like, state.params))
+    links = (pairwise.init(problem.compress, state.params, worker, num_workers, problem.seed)
+             if problem.compresses else ())
+    return PeerWorker(*state, state.params, jax.tree.map(jax.numpy.zeros_like, state.params),
+                      links)
 
   def compute(worker: PeerWorker, batch):
     grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
@@ -68,16 +107,16 @@ def build(settings, problem: Problem, num_workers: int) -> Decentralized:
 
   return Decentralized(
       init=init, pull=lambda worker: worker._replace(pulled=worker.params), compute=compute,
-      average=average, apply=apply, evaluated=evaluated,
-      # each iteration: a round trip of the model with one neighbour
-      bytes_per_step=2.0 * num_workers * problem.model_bytes())
+      average=lambda worker, peer: average(problem, worker, peer), apply=apply,
+      evaluated=evaluated,
+      # each iteration: a round trip of the model (compressed with --compress)
+      # with one neighbour
+      bytes_per_step=2.0 * num_workers * problem.message_bytes())
 
 
 def check(settings, config) -> None:
   del settings
-  compression.refuse(config.algorithm.compress, "ad_psgd",
-                     "its averaging swaps whole models with a random neighbour, with no "
-                     "reference both hold to take a compressed difference from")
+  pairwise.check(config, "ad_psgd")
 
 
 SPEC = AlgorithmSpec("ad_psgd", "asynchronous decentralized: average with a random neighbour "

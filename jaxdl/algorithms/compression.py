@@ -163,6 +163,10 @@ def power_sgd(x: jax.Array, q: jax.Array | None) -> tuple[jax.Array, jax.Array |
   p_NxR, _ = jnp.linalg.qr(jnp.matmul(m_NxM, q.astype(m_NxM.dtype), precision=highest))
   q_MxR = jnp.matmul(m_NxM.T, p_NxR, precision=highest)
   approx = jnp.matmul(p_NxR, q_MxR.T, precision=highest)
+  # A zero M (a model difference before any step: AD-PSGD's first average)
+  # gives Q = M^T P = 0; the next step would then start from QR(0)'s
+  # coordinate axes instead of a random Q. The warm start is kept instead.
+  q_MxR = jnp.where(jnp.any(m_NxM != 0), q_MxR, q.astype(q_MxR.dtype))
   return approx.reshape(x.shape).astype(x.dtype), q_MxR.astype(q.dtype)
 
 
@@ -283,13 +287,6 @@ def parse_compress(text: str) -> CompressSpec:
 
 def _spec(spec: CompressSpec | str) -> CompressSpec:
   return parse_compress(str(spec))  # a spec built by hand is checked as its text
-
-
-def refuse(text: str, algorithm: str, why: str) -> None:
-  """A ConfigError naming --compress unless `text` is none: `algorithm`'s
-  messages take no compression, `why`."""
-  if parse_compress(text).name != "none":
-    raise ConfigError("compress", text, f"none for {algorithm}: {why}")
 
 
 def message_bytes(spec: CompressSpec | str, shapes) -> int:

@@ -8,15 +8,21 @@ The weights always sum to 1 and sum_m a_m x_m is unchanged by a gossip. The
 evaluated model is that weighted average, sum_m a_m x_m (batch-norm
 statistics averaged the same way).
 
---compress is refused: a message is the sender's whole model, decided at
-the push without knowing the receiver's, which merges it as a model. A
-compressed model (most coordinates zero, or rounded) would pull the
-receiver toward it; a compressed model difference needs a model both sides
-hold, and a random peer each time means a copy of every peer's model per
-worker (CHOCO-SGD's public copies), which GoSGD does not keep.
+With --compress, a message carries a compressed model difference from a
+reference both ends of the pair hold (jaxdl.algorithms.pairwise, after
+CHOCO-SGD, Koloskova et al. 2019): m sends q = C(x_m - r_{m->k}) and both
+ends set r_{m->k} <- r_{m->k} + q, m at the push, k on arrival; k merges
+its reconstruction of x_m,
+    x_k <- (a_k x_k + a_m r_{m->k}) / (a_k + a_m),
+with the weights as without compression (they still sum to 1). What C left
+out stays in x_m - r_{m->k} and goes in m's later messages to k (error
+feedback, with no residual of its own). The batch-norm statistics and the
+weight travel whole. Each worker keeps 2 M references, so M is bounded
+(pairwise.MAX_WORKERS); without --compress none are kept.
 
-Versions read: `send` decides the message, (x_m, a_m) as they are at the
-push; `receive` merges that message into the receiver as it is on arrival.
+Versions read: `send` decides the message, (x_m, a_m) (or q, a_m) as they
+are at the push; `receive` merges that message into the receiver as it is
+on arrival.
 """
 from __future__ import annotations
 
@@ -26,9 +32,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxdl.algorithms import pairwise
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState
 from jaxdl.algorithms.easgd import local as _local
-from jaxdl.algorithms import compression
 from jaxdl.algorithms.shapes import Gossip
 from jaxdl.settings import Settings, require, setting
 
@@ -38,12 +44,14 @@ class GossipWorker(NamedTuple):
   model_state: Any
   opt_state: Any
   weight: jax.Array  # a_m, float32
+  links: Any = ()    # its pairwise references (--compress: pairwise.Links; () without)
 
 
 class Message(NamedTuple):
-  params: Any
+  params: Any        # x_m; with --compress, q = C(x_m - r_{m->k})
   model_state: Any
   weight: jax.Array  # the half of a_m that travels
+  sender: Any = ()   # m, int32 (--compress: the receiver's reference to update; () without)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,20 +64,29 @@ class GoSGDSettings(Settings):
     require("gossip_probability", p, 0 <= p <= 1, "a probability in [0, 1]")
 
 
-def send(sender: GossipWorker) -> tuple[GossipWorker, Message]:
-  """The sender halves its weight and sends its model with that half."""
+def send(problem: Problem, sender: GossipWorker, peer) -> tuple[GossipWorker, Message]:
+  """The sender halves its weight and sends its model (with --compress, its
+  compressed difference from r_{m->peer}) with that half to `peer`."""
   a = sender.weight / 2
-  return sender._replace(weight=a), Message(sender.params, sender.model_state, a)
+  if not problem.compresses:
+    return sender._replace(weight=a), Message(sender.params, sender.model_state, a)
+  links, q = pairwise.encode(problem.compress, sender.links, sender.params, peer)
+  return (sender._replace(weight=a, links=links),
+          Message(q, sender.model_state, a, links.index))
 
 
-def receive(receiver: GossipWorker, message: Message) -> GossipWorker:
-  """The weighted merge of a message into the receiver."""
+def receive(problem: Problem, receiver: GossipWorker, message: Message) -> GossipWorker:
+  """The weighted merge of a message (with --compress, of the receiver's
+  reconstruction of the sender's model) into the receiver."""
+  links, params = receiver.links, message.params
+  if problem.compresses:
+    links, params = pairwise.decode(links, params, message.sender)
   total = receiver.weight + message.weight
   merge = lambda xk, xm: (receiver.weight * xk + message.weight * xm) / total
-  return receiver._replace(params=jax.tree.map(merge, receiver.params, message.params),
+  return receiver._replace(params=jax.tree.map(merge, receiver.params, params),
                            model_state=jax.tree.map(merge, receiver.model_state,
                                                     message.model_state),
-                           weight=total)
+                           weight=total, links=links)
 
 
 def evaluated(workers: GossipWorker):
@@ -80,23 +97,25 @@ def evaluated(workers: GossipWorker):
 
 def build(settings: GoSGDSettings, problem: Problem, num_workers: int) -> Gossip:
   def init(key, worker) -> GossipWorker:
-    return GossipWorker(*problem.init_state(key), jnp.float32(1.0 / num_workers))
+    state = problem.init_state(key)
+    links = (pairwise.init(problem.compress, state.params, worker, num_workers, problem.seed)
+             if problem.compresses else ())
+    return GossipWorker(*state, jnp.float32(1.0 / num_workers), links)
 
   def local(worker: GossipWorker, batch):
     state, metrics = _local(problem, TrainState(*worker[:3]), batch)
-    return GossipWorker(*state, worker.weight), metrics
+    return worker._replace(**state._asdict()), metrics
 
   p = settings.gossip_probability
-  return Gossip(init=init, local=local, send=send, receive=receive, evaluated=evaluated,
-                bytes_per_step=num_workers * problem.model_bytes() * p, probability=p)
+  return Gossip(init=init, local=local, send=lambda worker, peer: send(problem, worker, peer),
+                receive=lambda worker, message: receive(problem, worker, message),
+                evaluated=evaluated,
+                bytes_per_step=num_workers * problem.message_bytes() * p, probability=p)
 
 
 def check(settings, config) -> None:
   del settings
-  compression.refuse(config.algorithm.compress, "gosgd",
-                     "its message is the sender's whole model, merged as a model by a "
-                     "random peer that holds no reference to take a compressed difference "
-                     "from")
+  pairwise.check(config, "gosgd")
 
 
 SPEC = AlgorithmSpec("gosgd", "gossip: push to a random peer with --gossip-probability",

@@ -111,13 +111,14 @@ class Gossip:
 
   init(key, worker) -> worker
   local(worker, batch) -> (worker, metric shares)
-  send(worker) -> (worker, message): what the message carries is decided here
+  send(worker, peer) -> (worker, message): what the message to worker `peer`
+    (an int32) carries is decided here
   receive(worker, message) -> worker: the peer merges it on arrival
   evaluated(workers) -> (params, model_state)
   """
   init: Callable[[jax.Array, jax.Array], State]
   local: Callable[[State, Any], tuple[State, Metrics]]
-  send: Callable[[State], tuple[State, Any]]
+  send: Callable[[State, jax.Array], tuple[State, Any]]
   receive: Callable[[State, Any], State]
   evaluated: Callable[[State], tuple[Any, Any]]
   bytes_per_step: float = 0.0

@@ -157,7 +157,8 @@ class CostModel:
   server_s: float = 0.0   # a central process's seconds per parameter-server update
   order_s: float = 0.0    # a central process's seconds per event it orders
   # bytes of a worker's compressed message (--compress: its push, its part of
-  # an exchange or of an all-reduce); None: uncompressed, a model's
+  # an exchange or of an all-reduce, a gossip message, its half of an
+  # average); None: uncompressed, a model's
   message_bytes: float | None = None
   _draws: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                    compare=False, hash=False)
@@ -248,7 +249,8 @@ class CostModel:
 
   @property
   def push_bytes(self) -> float:
-    """Bytes of a worker's message to the servers: compressed, or the model."""
+    """Bytes of a worker's message (to the servers, or to a peer): compressed,
+    or the model."""
     return self.model_bytes if self.message_bytes is None else self.message_bytes
 
   def allreduce(self) -> tuple[float, float]:

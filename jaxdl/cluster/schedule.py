@@ -224,7 +224,8 @@ def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedul
   """GoSGD (Blot et al. 2016): after each local step, push to a random peer w.p. p.
 
   The push ("send") fixes the message, the sender's model and half its weight
-  at that moment. The sender does not wait: its next step starts at once
+  at that moment (a model's bytes, or with compressed messages,
+  `cost.message_bytes`). The sender does not wait: its next step starts at once
   while the message crosses its own and the peer's links; the peer merges
   the message as sent on arrival ("gossip"). With a central process's time
   per event (`cost.order_s`: a real engine's coordinator orders every event),
@@ -250,7 +251,7 @@ def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedul
       sim.emit("send", w, iteration=i, peer=peer)
       if order:  # the send's own grant (the message is the model as it is now)
         ready = sim.net.serve(w, ready, order)
-      sim.at(sim.net.peer(w, peer, ready), DELIVER, w, i, peer)
+      sim.at(sim.net.peer(w, peer, ready, cost.push_bytes), DELIVER, w, i, peer)
     step(w, i + 1, ready)
 
   def deliver(w: int, i: int, peer: int) -> None:
@@ -268,7 +269,8 @@ def decentralized(cost: CostModel, budget: Budget | int) -> Schedule:
   """AD-PSGD (Lian et al., ICML'18): pull own snapshot, compute, average, apply.
 
   The neighbour is a uniformly random other worker; the average happens when
-  the round trip of models over both workers' links completes, atomically on
+  the round trip of models (or of compressed messages, `cost.message_bytes`,
+  one each way) over both workers' links completes, atomically on
   both models as they are then (the paper's atomic averaging; the worker is
   idle meanwhile). Real runs split workers into active and passive sets to
   avoid deadlock; a simulation serialises every exchange, so it needs no such
@@ -292,13 +294,13 @@ def decentralized(cost: CostModel, budget: Budget | int) -> Schedule:
     if peer < 0:
       averaged(w, c, peer)
     else:
-      sim.at(sim.net.peer(w, peer, sim.now), REPLY, w, c, peer)
+      sim.at(sim.net.peer(w, peer, sim.now, cost.push_bytes), REPLY, w, c, peer)
 
   def reply(w: int, c: int, peer: int) -> None:
     sim.served(order, peer, GRANTED, granted, w, c, peer)
 
   def granted(w: int, c: int, peer: int) -> None:
-    sim.at(sim.net.peer(peer, w, sim.now, waiter=w), AVERAGED, w, c, peer)
+    sim.at(sim.net.peer(peer, w, sim.now, cost.push_bytes, waiter=w), AVERAGED, w, c, peer)
 
   def averaged(w: int, c: int, peer: int) -> None:
     if peer >= 0:

@@ -27,8 +27,8 @@ from jaxdl.engines.shards import sharded
 def event_functions(algorithm: Shape) -> dict[str, Callable]:
   """The shape's functions under the engines' op names, in one signature each:
   pull/apply (server, worker, seconds), compute/local (worker, batch),
-  exchange (server, worker), pair (worker, peer), send (worker) -> (worker,
-  message), receive (worker, message)."""
+  exchange (server, worker), pair (worker, peer), send (worker, peer) ->
+  (worker, message), receive (worker, message)."""
   if isinstance(algorithm, Centralized):
     return {"pull": algorithm.pull, "compute": algorithm.compute, "apply": algorithm.apply}
   if isinstance(algorithm, Decentralized):
@@ -177,7 +177,7 @@ class EventReplay:
       elif e.kind == "exchange":
         server, worker = p.exchange(server, worker)
       elif e.kind == "send":
-        worker, message = p.send(worker)
+        worker, message = p.send(worker, np.int32(e.peer))
         server = put(server, slots[i], message)
       elif e.kind == "gossip":  # the receiver changes
         w, worker = e.peer, p.receive(take(workers, e.peer), take(server, slots[i]))

@@ -738,7 +738,7 @@ class Peer:
     """Compiles the worker's programs on its first batch (the results are dropped)."""
     p, batch = self.programs, one_batch(self.streams, self.w, 0)
     if "send" in p.fns:
-      worker, message = p.send(p.local(state, batch)[0])
+      worker, message = p.send(p.local(state, batch)[0], np.int32(0))
       jax.block_until_ready(p.receive(worker, message))
     elif "local" in p.fns:
       jax.block_until_ready(p.local(state, batch))
@@ -838,7 +838,7 @@ class Peer:
       if len(peers) > 1 and rng.random() < self.algorithm.probability:
         k = self._other(rng, len(peers))
         with self.lock:
-          new, message = self.programs.send(self.state)
+          new, message = self.programs.send(self.state, np.int32(k))
           message = jax.device_get(message)
           if not self._ask(self.w, "send", c, k, nbytes=_nbytes(message)):
             break

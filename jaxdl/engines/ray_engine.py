@@ -242,7 +242,8 @@ class RayEngine(_RayRun):
     """Worker w's process died: once Ray has restarted the actor, a
     parameter server's worker drops its in-flight iteration and pulls again
     at its clock; a worker that kept its own model rejoins with a copy of
-    the next live worker's state."""
+    the next live worker's state (not with compressed gossip or averages:
+    its pairwise references died with it)."""
     ray = self._ray
     self.restarts[w] += 1
     deadline = time.monotonic() + RESTART_TIMEOUT_S
@@ -258,6 +259,11 @@ class RayEngine(_RayRun):
       incarnation = ray.get(self.server.restarted.remote(w))
       self.running[self.workers[w].run.remote(incarnation)] = w
       return
+    if self.problem.compresses and isinstance(self.algorithm, (Gossip, Decentralized)):
+      raise RuntimeError(f"worker {w}'s process died, and with it its ends of the references "
+                         "it shared with every peer (--compress): no other worker's copy can "
+                         "stand in for them; --resume continues the run from its last "
+                         "checkpoint")
     for i in range(1, self.num_workers):
       donor = self.workers[(w + i) % self.num_workers]
       try:

@@ -3,7 +3,8 @@
 What is compressed (jaxdl.config's --compress help): the gradient of sgd,
 ar_sgd and bsp before the all-reduce or push, the push of asp, ssp, dc_asgd
 and lc_asgd, local_sgd's model difference from the last average, DiLoCo's
-outer gradient and EASGD's elastic difference; gosgd and ad_psgd refuse it (tests/test_bad_inputs.py).
+outer gradient and EASGD's elastic difference; for gosgd and ad_psgd, a model's
+difference from the reference its pair holds (tests/algorithms/test_gossip_compression.py).
 """
 import shutil
 
@@ -208,10 +209,13 @@ RESUME = dict(model="mlp", steps=30, workers=4, batch_size=8, progress=False,
                                                 ("asp", "powersgd:1"),
                                                 ("local_sgd", "qsgd:4"),
                                                 ("easgd", "topk:0.05"),
-                                                ("diloco", "topk:0.05")])
+                                                ("diloco", "topk:0.05"),
+                                                ("gosgd", "randk:0.05"),
+                                                ("ad_psgd", "powersgd:1")])
 def test_resume_restores_the_residuals_bit_for_bit(tmp_path, algorithm, compress):
   """The residual, PowerSGD's Q and the key are in the workers' checkpointed
-  state: a run killed after its second checkpoint and resumed ends with the
+  state (gosgd's and ad_psgd's pairwise references and their Q per pair
+  too): a run killed after its second checkpoint and resumed ends with the
   uninterrupted run's parameters (a residual restarted at zero would not)."""
   config = RunConfig.make(algorithm=algorithm, compress=compress, out=str(tmp_path / "run"),
                           **RESUME)

@@ -3,14 +3,16 @@ included) and the weighted model."""
 import chex
 import jax
 import numpy as np
+import optax
 
-from jaxdl.algorithms import gosgd
+from jaxdl.algorithms import Problem, gosgd
 from jaxdl.config import RunConfig
 from jaxdl.engines.sim.plan import message_slots
 from tests.helpers import make_setup, train
 
 CONFIG = RunConfig.make(model="mlp", schedule="constant", lr=0.05, batch_size=16, workers=4,
                         momentum=0.0, algorithm="gosgd", gossip_probability=1.0)
+PLAIN = Problem(task=None, optimizer=optax.sgd(0.1))  # no compression
 
 
 def _take(workers, i):
@@ -38,8 +40,8 @@ def test_gosgd_conserves_weight_and_the_weighted_model():
   assert abs(weights.sum() + in_flight - 1.0) < 1e-6 and len(set(weights.tolist())) > 1
   sender, receiver = _take(state.workers, 0), _take(state.workers, 1)
   before = _weighted_sum(sender, receiver)
-  sender2, message = gosgd.send(sender)
-  receiver2 = gosgd.receive(receiver, message)
+  sender2, message = gosgd.send(PLAIN, sender, 1)
+  receiver2 = gosgd.receive(PLAIN, receiver, message)
   chex.assert_trees_all_close(before, _weighted_sum(sender2, receiver2), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(sender2.weight + receiver2.weight,
                              sender.weight + receiver.weight, rtol=1e-6)
@@ -52,8 +54,8 @@ def _worker(params, stats, weight):
 
 def test_a_message_merges_parameters_and_statistics_by_weight():
   receiver = _worker(1.0, 10.0, 0.25)
-  _, message = gosgd.send(_worker(3.0, 30.0, 0.5))  # half of 0.5 travels
-  merged = gosgd.receive(receiver, message)
+  _, message = gosgd.send(PLAIN, _worker(3.0, 30.0, 0.5), 0)  # half of 0.5 travels
+  merged = gosgd.receive(PLAIN, receiver, message)
   # (0.25 * x_r + 0.25 * x_m) / 0.5, for the parameters and the batch-norm state
   assert float(merged.params["w"]) == 2.0 and float(merged.model_state["bn"]) == 20.0
   assert float(merged.weight) == 0.5

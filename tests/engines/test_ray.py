@@ -233,6 +233,24 @@ def test_the_two_reductions_of_slowed_workers_give_the_same_parameters(ray_insta
   assert sim["test_loss"] == pytest.approx(runs["host"]["test_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name,settings", [("gosgd", {"gossip_probability": 0.5}),
+                                           ("ad_psgd", {})])
+def test_compressed_gossip_and_averages_replay_bit_for_bit(ray_instance, tmp_path, name,
+                                                            settings):
+  """--compress topk:0.05 on real processes: each worker sends its
+  compressed difference from the reference it shares with its peer (the
+  algorithm's own send, receive and average), and the sim's replay of the
+  trace gives the same parameters, bit for bit."""
+  config = RunConfig.make(algorithm=name, engine="ray", workers=3, compress="topk:0.05",
+                          out=str(tmp_path / "ray"), **settings, **RUN)
+  ray_run = jaxdl.run(config)
+  assert ray_run["status"] == "completed"
+  events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
+  assert any(e.kind in ("gossip", "average") for e in events)
+  assert _replayed(tmp_path)["params_fingerprint"] == ray_run["params_fingerprint"]
+
+
 def test_a_resumed_gossip_run_replays_bit_for_bit(ray_instance, tmp_path):
   """GoSGD resumed from its checkpoint at step 6 (the last one removed):
   the messages in flight there are not in the checkpoint, and the trace of

@@ -258,6 +258,105 @@ def test_ad_psgd_applies_the_gradient_of_its_snapshot_after_the_average(tmp_path
     close(jax.tree.map(lambda p: p[w], run.state.workers.params), x[w])
 
 
+def close_but_ties(actual, expected, share: float = 1e-3):
+  """`close`, but for at most `share` of the coordinates of each leaf: top-k
+  of x - r computed from gradients ~1e-7 apart picks the other of two
+  near-equal coordinates now and then, and the one left out goes later
+  (measured: 2 coordinates of 16,384, 1.4e-3 apart). Float tolerance 1e-5:
+  the compressed rules' rounding reached 6e-6. A wrong rule moves most
+  coordinates, by far more."""
+  for a, e in zip(jax.tree.leaves(jax.device_get(actual)), jax.tree.leaves(expected),
+                  strict=True):
+    a = np.asarray(a)
+    off = ~np.isclose(a, e, rtol=1e-5, atol=1e-5)
+    assert off.mean() <= share, (off.mean(), np.abs(a - e).max())
+
+
+def top_k(tree, percent: int):
+  """Each leaf with all but its ceil(percent / 100 d) largest |x_i| set to 0
+  (ties: the lower index), in numpy."""
+  def leaf(x):
+    k = -(-x.size * percent // 100)
+    keep = np.argsort(-np.abs(x.ravel()), kind="stable")[:k]
+    out = np.zeros_like(x.ravel())
+    out[keep] = x.ravel()[keep]
+    return out.reshape(x.shape)
+  return jax.tree.map(leaf, tree)
+
+
+def add(a, b):
+  return jax.tree.map(lambda x, y: x + y, a, b)
+
+
+def sub(a, b):
+  return jax.tree.map(lambda x, y: x - y, a, b)
+
+
+def test_compressed_gosgd_merges_the_reference_its_pair_holds(tmp_path):
+  """--compress topk:5%: a message from m to k is q = top_k(x_m - r_{m->k})
+  as m is at the send, r_{m->k} (both ends' copies, from the initial model)
+  grows by q, at m when sent and at k on arrival, and k merges its copy of
+  r_{m->k} with the weights as sent."""
+  run = Run(tmp_path, "gosgd", gossip_probability=0.5, network="2gbps", compress="topk:0.05")
+  x, a = [run.copy() for _ in range(3)], [np.float32(1 / 3)] * 3
+  velocity, flying = [zeros(run.initial) for _ in range(3)], {}
+  sent = {(m, k): run.copy() for m in range(3) for k in range(3)}      # r_{m->k} at m
+  received = {(m, k): run.copy() for m in range(3) for k in range(3)}  # r_{m->k} at k
+  for e in run.events:
+    w = e.worker
+    if e.kind == "local":
+      x[w], velocity[w] = sgd(x[w], velocity[w], run.gradient(x[w], w, e.iteration)[1])
+    elif e.kind == "send":
+      a[w] = a[w] / np.float32(2)
+      q = top_k(sub(x[w], sent[w, e.peer]), 5)
+      sent[w, e.peer] = add(sent[w, e.peer], q)
+      flying[w, e.iteration] = (q, a[w])
+    elif e.kind == "gossip":
+      q, am = flying.pop((w, e.iteration))
+      k, total = e.peer, a[e.peer] + am
+      received[w, k] = add(received[w, k], q)
+      x[k] = jax.tree.map(lambda xk, r: (a[k] * xk + am * r) / total, x[k], received[w, k])
+      a[k] = total
+  assert sum(e.kind == "gossip" for e in run.events) >= 6
+  np.testing.assert_allclose(np.asarray(run.state.workers.weight), a, rtol=1e-6)
+  links = run.state.workers.links
+  for m in range(3):
+    close_but_ties(jax.tree.map(lambda p: p[m], run.state.workers.params), x[m])
+    for k in range(3):
+      close_but_ties(jax.tree.map(lambda r: r[m, k], links.sent), sent[m, k])
+      close_but_ties(jax.tree.map(lambda r: r[k, m], links.received), received[m, k])
+
+
+def test_compressed_ad_psgd_averages_with_each_end_reconstruction(tmp_path):
+  """--compress topk:5%: at an average of m and k, each sends top_k(x -
+  r) of its own model, both references grow by them, then x_m <- (x_m +
+  r_{k->m}) / 2 and x_k <- (x_k + r_{m->k}) / 2."""
+  run = Run(tmp_path, "ad_psgd", compress="topk:0.05")
+  x, snapshot = [run.copy() for _ in range(3)], {}
+  velocity = [zeros(run.initial) for _ in range(3)]
+  reference = {(m, k): run.copy() for m in range(3) for k in range(3)}  # r_{m->k}
+  for e in run.events:
+    w = e.worker
+    if e.kind == "pull":
+      snapshot[w] = jax.tree.map(np.copy, x[w])
+    elif e.kind == "average":
+      k = e.peer
+      q_wk, q_kw = top_k(sub(x[w], reference[w, k]), 5), top_k(sub(x[k], reference[k, w]), 5)
+      reference[w, k], reference[k, w] = add(reference[w, k], q_wk), add(reference[k, w], q_kw)
+      half = lambda p, r: (p + r) / np.float32(2)
+      x[w], x[k] = (jax.tree.map(half, x[w], reference[k, w]),
+                    jax.tree.map(half, x[k], reference[w, k]))
+    elif e.kind == "apply":
+      g = run.gradient(snapshot.pop(w), w, e.iteration)[1]
+      x[w], velocity[w] = sgd(x[w], velocity[w], g)
+  links = run.state.workers.links
+  for m in range(3):
+    close_but_ties(jax.tree.map(lambda p: p[m], run.state.workers.params), x[m])
+    for k in range(3):
+      close_but_ties(jax.tree.map(lambda r: r[m, k], links.sent), reference[m, k])
+      close_but_ties(jax.tree.map(lambda r: r[k, m], links.received), reference[m, k])
+
+
 # Synchronous: one reference per algorithm, on every engine that runs it --------
 
 SYNC = dict(workers=4, batch_sizes=(4, 4, 4, 12), jitter=0.0)

@@ -245,7 +245,7 @@ class SimEngine(base.LocalProcess):
     if isinstance(algorithm, Gossip):  # the server's place: the messages in flight
       def init_all(key):
         workers = base.init_workers(algorithm.init, key, m)
-        message = algorithm.send(jax.tree.map(lambda x: x[0], workers))[1]
+        message = algorithm.send(jax.tree.map(lambda x: x[0], workers), jnp.int32(0))[1]
         return jax.tree.map(lambda x: jnp.zeros((self.in_flight, *x.shape), x.dtype),
                             message), workers
       server, workers = base.compile_init(init_all, key)(key)

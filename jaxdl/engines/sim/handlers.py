@@ -131,7 +131,7 @@ def handlers(algorithm: Shape, num_workers: int, global_batch: int,
 
     def send_fn(messages, workers, sums, op, data):
       taken = _take(workers, op.worker)
-      worker, message = send(taken)
+      worker, message = send(taken, op.peer)
       return _put(messages, op.slot, message), _put(workers, op.worker, worker, taken), sums
 
     def receive_fn(messages, workers, sums, op, data):
