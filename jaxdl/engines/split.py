@@ -120,6 +120,7 @@ class SplitWorker:
     inside its modelled time, as a prefetching input pipeline's would be."""
     begun = time.perf_counter()
     fields, weights = self.padded_batch(t) if batch is None else batch
+    reading = time.perf_counter() - begun
     b, padded = self.streams.size(self.w, t), len(weights)
     batch = jax.device_put(Batch(fields, weights, np.array([self.w, t], np.int32)),
                            self.device)
@@ -131,7 +132,7 @@ class SplitWorker:
       self.compiling += compiling
     if self.cost is not None:
       self.target = self.cost.compute_time(self.w, t) * b / self.static
-    self.computed, self.mark = 0.0, begun + compiling
+    self.computed, self.mark = 0.0, time.perf_counter() - reading
     self.state, metrics = self.compiled[padded](self.state, batch, np.int32(t))
     jax.block_until_ready(self.state)
     self._slowed()
