@@ -177,7 +177,7 @@ def test_fused_steps_and_gathered_gradients_give_the_bits_of_one_call_per_segmen
                              engine.slots).shapes
     engine.runner.fused = frozenset(shapes) if fuse else frozenset()
     if fuse and gather and name == "gosgd":  # its local steps: a few workers at a time
-      assert any(size is not None and size < 8 for s in shapes for _, size, _ in s)
+      assert any(size and size < 8 for s in shapes for _, size in s)
     runs.append(train(engine, 12))
   for state, history in runs[1:]:
     assert history == runs[0][1]

@@ -26,7 +26,7 @@ class BatchArrays(NamedTuple):
   """A batched op's workers and batches, over K rows: all M workers (masked),
   or only those computing, in worker order, padded to K with worker M (whose
   rows are computed on a clamped copy and never written back)."""
-  mask: Any       # (K,) bool: the row's worker computes (None: every worker, K = M)
+  mask: Any       # (K,) bool: the row's worker computes
   rows: Any       # (K,) int32: its worker
   index: Any      # (K, b_max) int32: rows of the data table
   ids: Any        # (K, 2) int32: each batch's (worker, step)
@@ -108,10 +108,6 @@ def handlers(algorithm: Shape, num_workers: int, global_batch: int,
       weights = weights_of(op.index)
       batch = Batch(_rows(data, op.index), weights, op.ids)
       share = weights.sum(axis=1)  # metric shares -> each worker's own means
-      if op.mask is None:  # every worker computes
-        workers, metrics = fn(workers, batch)
-        means = {k: jnp.sum(v / share) for k, v in metrics.items()}
-        return server, workers, add(sums, means, jnp.float32(num_workers))
       if op.mask.shape[0] == num_workers:
         new, metrics = fn(workers, batch)
         keep = lambda n, o: n if n is o else jnp.where(

@@ -31,10 +31,9 @@ class Op(NamedTuple):
 class Segment(NamedTuple):
   """A run of consecutive ops of one cheap kind, or one batched op."""
   kind: str
-  size: int | None  # a batched op's rows K (handlers.BatchArrays); None: cheap
+  size: int | None  # a batched op's rows K (handlers.BatchArrays); cheap: None, 0 alone
   start: int        # its first op
   count: int
-  every: bool = False  # a batched op of every worker (no mask)
 
 
 BATCH_KINDS = ("compute", "compute_one", "local", "local_one", "step")
@@ -55,22 +54,21 @@ def segments(ops: Sequence[Op], num_workers: int) -> list[Segment]:
   while start < len(ops):
     op, end = ops[start], start + 1
     if op.kind in BATCH_KINDS:
-      count = num_workers if op.mask is None else sum(op.mask)
       size = (1 if op.kind.endswith("_one") else num_workers if op.kind == "step"
-              else batch_size(count, num_workers))
-      out.append(Segment(op.kind, size, start, 1,
-                         op.kind in ("compute", "local") and count == num_workers))
+              else batch_size(sum(op.mask), num_workers))
+      out.append(Segment(op.kind, size, start, 1))
     else:
       while end < len(ops) and ops[end].kind == op.kind:
         end += 1
-      out.append(Segment(op.kind, None, start, end - start))
+      # (a lone op outside a loop: XLA may round an update otherwise in one)
+      out.append(Segment(op.kind, 0 if end - start == 1 else None, start, end - start))
     start = end
   return out
 
 
 def shape(segments: Sequence[Segment]) -> tuple:
   """What a program that runs these segments is specialized on."""
-  return tuple((s.kind, s.size, s.every) for s in segments)
+  return tuple((s.kind, s.size) for s in segments)
 
 
 def message_slots(events: Sequence) -> tuple[list[int], int]:

@@ -38,7 +38,7 @@ from jaxdl.engines.sim.handlers import BatchArrays
 from jaxdl.engines.sim.plan import BATCH_KINDS, Op, segments, shape
 
 FUSED_SEGMENTS = 8  # a step of at most this many segments may run as one call
-FUSED_STEPS = 4     # ... if at least this many of the run's steps have its shape
+FUSED_STEPS = 4   # ... if at least this many of the run's steps have its shape
 
 
 def trace_gradient(problem: Problem, example: dict, batch: int):
@@ -135,13 +135,12 @@ class OpRunner:
                     pad([op.slot for op in ops], np.int32),
                     pad([i for i in range(len(ops))], np.int32))
 
-  def table(self, op: Op, size: int, every: bool = False) -> BatchArrays:
-    """A batched op's BatchArrays over `size` rows (`every` worker: no mask)."""
+  def table(self, op: Op, size: int) -> BatchArrays:
+    """A batched op's BatchArrays over `size` rows."""
     m = self.num_workers
     if size == m:
       rows = np.arange(m, dtype=np.int32)
-      mask = None if every else np.ones(m, bool) if op.mask is None else np.asarray(
-          op.mask, bool)
+      mask = np.ones(m, bool) if op.mask is None else np.asarray(op.mask, bool)
       pairs = op.pairs
     else:
       chosen = [w for w, pair in enumerate(op.pairs) if pair is not None and
@@ -158,7 +157,7 @@ class OpRunner:
     if self.batching == "scan":
       return self._scan(server, workers, ops)
     parts = segments(ops, self.num_workers)
-    tables = [self.table(ops[p.start], p.size, p.every) for p in parts if p.size is not None]
+    tables = [self.table(ops[p.start], p.size) for p in parts if p.kind in BATCH_KINDS]
     arrays = self.encode(ops, self.length)
     data = self.batches.step_data()
     key = shape(parts)
@@ -168,13 +167,18 @@ class OpRunner:
       return self._program(key, lambda: self._fused(key))(
           server, workers, arrays, bounds, tables, data)
     sums, tables = self._zeros, iter(tables)
-    for kind, size, start, count, every in parts:
-      if size is None:
+    for kind, size, start, count in parts:
+      if size == 0:
+        program = self._program((kind, 0), lambda: _own(self.fns[kind]))
+        server, workers, sums = program(server, workers, sums,
+                                        jax.tree.map(lambda x: x[start], arrays), data)
+      elif size is None:
         run = self._program(f"{kind} run", lambda: _repeat(self.fns[kind]))
         server, workers, sums = run(server, workers, sums, arrays, np.int32(start),
                                     np.int32(start + count), data)
       else:
-        program = self._program((kind, size, every), lambda: self.fns[kind])
+        # (a function of its own: jit's cache is the function's, whatever the wrapper)
+        program = self._program((kind, size), lambda: _own(self.fns[kind]))
         server, workers, sums = program(server, workers, sums, next(tables), data)
     return server, workers, self._means(sums)
 
@@ -185,8 +189,10 @@ class OpRunner:
 
     def run(server, workers, arrays, bounds, tables, data):
       carry, tables = (server, workers, _zero_sums(metrics)), iter(tables)
-      for s, (kind, size, _) in enumerate(shape):
-        if size is None:
+      for s, (kind, size) in enumerate(shape):
+        if size == 0:
+          carry = fns[kind](*carry, jax.tree.map(lambda x: x[bounds[s, 0]], arrays), data)
+        elif size is None:
           carry = _repeat(fns[kind])(*carry, arrays, bounds[s, 0], bounds[s, 1], data)
         else:
           carry = fns[kind](*carry, next(tables), data)
@@ -219,6 +225,10 @@ def _with_batch(fn, name: str):
   if name in BATCH_KINDS:
     return lambda server, workers, sums, op, table, data: fn(server, workers, sums, table, data)
   return lambda server, workers, sums, op, table, data: fn(server, workers, sums, op, data)
+
+
+def _own(fn):
+  return lambda *args: fn(*args)
 
 
 def _repeat(fn):
