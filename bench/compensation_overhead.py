@@ -62,7 +62,7 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
   for arm, extra in ARMS.items():
     config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
     sim = SimEngine(_shape(config, problem), problem, streams, config, total)
-    arms[arm] = _sim_arm(sim)
+    arms[arm] = _sim_arm(sim, total)
     rounds[arm] = _server_round(config, problem, args.calls)
   times = interleaved(arms, args.steps, args.rounds, warmup=1)
   report(f"{name} {side}x{side}, batch {batch}, {workers} workers, seconds per step "

@@ -6,8 +6,9 @@ own): the sim engine's `asp` or `gosgd` with M simulated workers on the mlp
 of warm-up (the engine compiles a step's programs as their ops first
 come). Prints samples/s (simulated updates' examples per wall second) and
 its ratio to M = 1, the process's peak memory, the workers' states' bytes
-(what memory should grow with), and the seconds of compiling that fell in
-the timed steps.
+(what memory should grow with), the seconds of compiling that fell in
+the timed steps, and the peak memory before the states exist (the engine
+built: data, schedule, plans) and once they are initialized.
 
   python -m bench.sim_scale                          # asp and gosgd, M = 1, 64, 256, 1024
   python -m bench.sim_scale --algorithms asp --workers 1 64
@@ -62,7 +63,11 @@ def run_case(algorithm: str, workers: int, steps: int) -> dict:
   shape_of = algorithms.build(spec, config.settings(), problem, workers)
   streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
   sim = SimEngine(shape_of, problem, streams, config, 2 * steps)
+  rss_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  setup_mb = rss_mb()
   state = sim.init(jax.random.key(0))
+  jax.block_until_ready(state)
+  init_mb = rss_mb()
   for t in range(steps):  # warm-up: the step's programs compile as their ops first come
     state, _ = sim.step(state, t)
   jax.block_until_ready(state)
@@ -79,7 +84,7 @@ def run_case(algorithm: str, workers: int, steps: int) -> dict:
   return {"algorithm": algorithm, "workers": workers,
           "samples_per_s": steps * workers * batch / seconds,
           "compile_s": sum(compiles),  # of the timed steps' seconds
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "peak_rss_mb": rss_mb(), "setup_peak_mb": setup_mb, "init_peak_mb": init_mb,
           "worker_state_mb": state_bytes / 1e6}
 
 
@@ -91,7 +96,7 @@ def main(args: Args) -> int:
   from bench.timing import machine
   print(f"machine: {machine()}")
   print(f"{'algorithm':<10}{'M':>6}{'samples/s':>12}{'vs M=1':>8}{'peak MB':>9}"
-        f"{'states MB':>11}{'compile s':>11}")
+        f"{'states MB':>11}{'compile s':>11}{'setup MB':>10}{'init MB':>9}")
   for algorithm in args.algorithms:
     base = None
     for m in args.workers:
@@ -105,7 +110,8 @@ def main(args: Args) -> int:
       base = base or r["samples_per_s"]
       print(f"{algorithm:<10}{m:>6}{r['samples_per_s']:>12,.0f}"
             f"{r['samples_per_s'] / base:>8.3f}{r['peak_rss_mb']:>9.0f}"
-            f"{r['worker_state_mb']:>11.1f}{r['compile_s']:>11.2f}", flush=True)
+            f"{r['worker_state_mb']:>11.1f}{r['compile_s']:>11.2f}"
+            f"{r['setup_peak_mb']:>10.0f}{r['init_peak_mb']:>9.0f}", flush=True)
   return 0
 
 

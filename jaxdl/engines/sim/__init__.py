@@ -34,7 +34,8 @@ from jaxdl.engines.events import EventReplay, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import handlers
-from jaxdl.engines.sim.runner import OpRunner, choose_batching, metric_names, trace_gradient
+from jaxdl.engines.sim.runner import (OpRunner, choose_batching, fusable, metric_names,
+                                     trace_gradient)
 from jaxdl.errors import ConfigError
 from jaxdl.partition import Partitioner, Partitions
 
@@ -220,12 +221,12 @@ class SimEngine(base.LocalProcess):
     if batching == "auto":
       batching = choose_batching(problem, streams.example, streams.capacity)
     self.batching = batching
-    longest, batch_ops = planning.plan_sizes(self.events, self.step_ends[:total_steps],
-                                             self.num_workers, batching == "loop", self.slots)
-    batches = DeviceBatches(streams, batch_ops)
+    sizes = planning.plan_sizes(self.events, self.step_ends[:total_steps], self.num_workers,
+                                batching == "loop", self.slots)
+    batches = DeviceBatches(streams, sizes.batch_ops)
     self.runner = OpRunner(handlers(algorithm, self.num_workers, sum(streams.batch_sizes),
-                                    batches.pad), batching, longest, batches,
-                           self.metric_names)
+                                    batches.pad), batching, sizes.longest, batches,
+                           self.metric_names, fusable(sizes.shapes))
 
   def _repartition(self, config, streams: Streams) -> None:
     """Gives the streams the partitions the events record (--partition
@@ -268,9 +269,8 @@ class SimEngine(base.LocalProcess):
               {k: v / count for k, v in sums.items()})
     ops = planning.plan(self.events, int(state.position), end, iteration, computed,
                         self.batching == "loop", self.slots)
-    server, workers, (sums, count) = self.runner(state.server, state.workers, ops)
-    return (SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)),
-            {k: v / count for k, v in sums.items()})
+    server, workers, means = self.runner(state.server, state.workers, ops)
+    return SimState(server, workers, iteration, computed, np.asarray(end + 1, np.int64)), means
 
   def figures(self) -> dict:
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams, devices=1,

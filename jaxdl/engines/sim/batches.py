@@ -46,10 +46,11 @@ class DeviceBatches:
       self.used = 0
 
   def indices(self, pairs) -> np.ndarray:
-    """(M, b_max) rows of the workers' batches (padding: a zero row)."""
+    """(K, b_max) rows of the batches `pairs` ((worker, step) or None: padding,
+    a zero row), K = len(pairs) <= M."""
     if not self.resident:
       return self._gathered(pairs)
-    out = np.full((self.num_workers, self.b_max), self.pad, np.int32)
+    out = np.full((len(pairs), self.b_max), self.pad, np.int32)
     for v, pair in enumerate(pairs):
       if pair is not None:
         rows = self.streams.indices(*pair)
@@ -59,7 +60,7 @@ class DeviceBatches:
   def _gathered(self, pairs) -> np.ndarray:
     base = self.used * self.rows
     self.used += 1
-    out = np.full((self.num_workers, self.b_max), self.pad, np.int32)
+    out = np.full((len(pairs), self.b_max), self.pad, np.int32)
     for v, pair in enumerate(pairs):
       if pair is not None:
         fields = self.streams.batch(*pair)

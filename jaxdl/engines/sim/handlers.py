@@ -3,13 +3,15 @@
 A handler is ``(server, workers, sums, op, data) -> (server, workers, sums)``:
 `server` the server's state (for gossip: the messages in flight, stacked over
 slots), `workers` stacked over workers, `sums` the (metric sums, count) of the
-step's metrics so far (each computing worker's own means, summed), `op` one row of the step's `OpArrays`, `data` the device
-batches. The shapes' functions are adapted to that one signature here; no
-algorithm's math is written in the engine.
+step's metrics so far (each computing worker's own means, summed), `op` one
+row of the step's op arrays (a cheap op: its worker, peer, durations, slot)
+or, for a kind that computes batches (`plan.BATCH_KINDS`), its `BatchArrays`, and
+`data` the device batches. The shapes' functions are adapted to that one
+signature here; no algorithm's math is written in the engine.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,18 @@ from jax import lax
 
 from jaxdl.algorithms import Batch, Collective, Shape, WorkerAxis
 from jaxdl.engines.events import event_functions
+
+
+class BatchArrays(NamedTuple):
+  """A batched op's workers and batches, over K rows: all M workers (masked),
+  or only those computing, in worker order, padded to K with worker M (whose
+  rows are computed on a clamped copy and never written back)."""
+  mask: Any       # (K,) bool: the row's worker computes
+  rows: Any       # (K,) int32: its worker
+  index: Any      # (K, b_max) int32: rows of the data table
+  ids: Any        # (K, 2) int32: each batch's (worker, step)
+  iteration: Any  # () int32: a collective step's iteration
+
 
 
 def _take(tree, m):
@@ -37,6 +51,21 @@ def _put(tree, m, value, taken=None):
   values = treedef.flatten_up_to(value)
   return treedef.unflatten([
       x if taken is not None and v is taken[i] else lax.dynamic_update_index_in_dim(x, v, m, 0)
+      for i, (x, v) in enumerate(zip(leaves, values))])
+
+
+def _gather(tree, rows):
+  return jax.tree.map(lambda x: x[rows], tree)
+
+
+def _scatter(tree, rows, value, taken):
+  """Writes the rows' `value` into the stacked `tree` (padding rows, index M,
+  dropped), except the leaves that are still those `taken` out of it."""
+  taken = jax.tree.leaves(taken)
+  leaves, treedef = jax.tree.flatten(tree)
+  values = treedef.flatten_up_to(value)
+  return treedef.unflatten([
+      x if v is taken[i] else x.at[rows].set(v, mode="drop", unique_indices=True)
       for i, (x, v) in enumerate(zip(leaves, values))])
 
 
@@ -71,25 +100,34 @@ def handlers(algorithm: Shape, num_workers: int, global_batch: int,
   fns = event_functions(algorithm)
 
   def batched(fn):
+    """Over all M workers, masked (K = M), or over the K rows computing,
+    gathered and written back: the work of K gradients, not M."""
     fn = jax.vmap(fn)
 
     def run(server, workers, sums, op, data):
       weights = weights_of(op.index)
-      new, metrics = fn(workers, Batch(_rows(data, op.index), weights, op.ids))
-      keep = lambda n, o: jnp.where(op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+      batch = Batch(_rows(data, op.index), weights, op.ids)
       share = weights.sum(axis=1)  # metric shares -> each worker's own means
+      if op.mask.shape[0] == num_workers:
+        new, metrics = fn(workers, batch)
+        keep = lambda n, o: n if n is o else jnp.where(
+            op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+        workers = jax.tree.map(keep, new, workers)
+      else:
+        taken = _gather(workers, op.rows)
+        new, metrics = fn(taken, batch)
+        workers = _scatter(workers, op.rows, new, taken)
       share = jnp.where(op.mask, share, 1.0)  # a worker not computing: no batch
       means = {k: jnp.sum(v / share * op.mask) for k, v in metrics.items()}
-      return server, jax.tree.map(keep, new, workers), add(
-          sums, means, jnp.sum(op.mask, dtype=jnp.float32))
+      return server, workers, add(sums, means, jnp.sum(op.mask, dtype=jnp.float32))
     return run
 
   def one_worker(fn):
     def run(server, workers, sums, op, data):
-      m, index = op.worker, op.index[op.worker]
+      m, index = op.rows[0], op.index[0]
       taken = _take(workers, m)
       weights = weights_of(index)
-      new, metrics = fn(taken, Batch(_rows(data, index), weights, op.ids[m]))
+      new, metrics = fn(taken, Batch(_rows(data, index), weights, op.ids[0]))
       share = weights.sum()
       means = {k: v / share for k, v in metrics.items()}
       return server, _put(workers, m, new, taken), add(sums, means, 1.0)

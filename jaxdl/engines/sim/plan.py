@@ -10,6 +10,7 @@ gradients singly. A push followed by the same worker's next pull is one
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -25,6 +26,49 @@ class Op(NamedTuple):
   mask: tuple[bool, ...] | None = None          # which workers a batched op updates
   pairs: tuple | None = None                    # per worker: (worker, data step) or None
   slot: int = 0                                 # the in-flight message's slot
+
+
+class Segment(NamedTuple):
+  """A run of consecutive ops of one cheap kind, or one batched op."""
+  kind: str
+  size: int | None  # a batched op's rows K (handlers.BatchArrays); cheap: None, 0 alone
+  start: int        # its first op
+  count: int
+
+
+BATCH_KINDS = ("compute", "compute_one", "local", "local_one", "step")
+
+
+def batch_size(count: int, num_workers: int) -> int:
+  """The rows K of a batched op of `count` computing workers: the next power
+  of two (few shapes to compile), or all M workers, masked, once that is
+  more than a quarter of them (a gather and a write-back then cost more
+  than the gradients they spare)."""
+  k = 1 << max(count - 1, 0).bit_length()
+  return num_workers if 4 * k > num_workers else k
+
+
+def segments(ops: Sequence[Op], num_workers: int) -> list[Segment]:
+  """A step's ops as segments, in order."""
+  out, start = [], 0
+  while start < len(ops):
+    op, end = ops[start], start + 1
+    if op.kind in BATCH_KINDS:
+      size = (1 if op.kind.endswith("_one") else num_workers if op.kind == "step"
+              else batch_size(sum(op.mask), num_workers))
+      out.append(Segment(op.kind, size, start, 1))
+    else:
+      while end < len(ops) and ops[end].kind == op.kind:
+        end += 1
+      # (a lone op outside a loop: XLA may round an update otherwise in one)
+      out.append(Segment(op.kind, 0 if end - start == 1 else None, start, end - start))
+    start = end
+  return out
+
+
+def shape(segments: Sequence[Segment]) -> tuple:
+  """What a program that runs these segments is specialized on."""
+  return tuple((s.kind, s.size) for s in segments)
 
 
 def message_slots(events: Sequence) -> tuple[list[int], int]:
@@ -120,14 +164,22 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
   return ops
 
 
+class Sizes(NamedTuple):
+  longest: int     # the most ops in a step
+  batch_ops: int   # the most batched ops in a step
+  shapes: Counter  # how many steps have each shape of segments
+
+
 def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
-               one_at_a_time: bool, slots: Sequence[int] = ()) -> tuple[int, int]:
-  """A dry run of every step's plan -> (most ops, most batch ops) in a step,
-  so that op arrays have one shape and each step compiles once."""
+               one_at_a_time: bool, slots: Sequence[int] = ()) -> Sizes:
+  """A dry run of every step's plan, so that op arrays have one shape and
+  each program compiles once."""
   iteration, computed = np.full(num_workers, -1), np.zeros(num_workers, bool)
   longest = batch_ops = 1
+  shapes = Counter()
   for start, end in zip([0] + [e + 1 for e in step_ends], step_ends):
     ops = plan(events, start, end, iteration, computed, one_at_a_time, slots)
     longest = max(longest, len(ops))
     batch_ops = max(batch_ops, sum(op.pairs is not None for op in ops))
-  return longest, batch_ops
+    shapes[shape(segments(ops, num_workers))] += 1
+  return Sizes(longest, batch_ops, shapes)

@@ -1,18 +1,26 @@
 """Runs a step's ops on the device, in one of three ways (`choose_batching`):
 
-  "vmap": one jitted call per op; pending gradients in one call, vmapped over
-      the workers' stacked pulled versions.
-  "loop": one jitted call per op, gradients one worker at a time, with no
-      control flow around them. On the CPU, convolutions vmapped over
-      parameters (grouped convolutions), or inside a loop or a conditional,
-      ran 4x to 5x slower than at the top level of a program (BENCHMARKS.md).
+  "vmap": pending gradients in one op, vmapped over the workers' stacked
+      pulled versions (all M workers, masked, or only the K computing,
+      gathered: `handlers.BatchArrays`).
+  "loop": gradients one worker at a time, with no control flow around
+      them. On the CPU, convolutions vmapped over parameters (grouped
+      convolutions), or inside a loop or a conditional, ran 4x to 5x slower
+      than at the top level of a program (BENCHMARKS.md).
   "scan": a step in one jitted call, a `lax.scan` over its ops with a
       `lax.switch` per op, padded to the longest step; gradients as "vmap".
       On the CPU each iteration copied the stacked worker states, slower
       than a dispatch per op (BENCHMARKS.md).
 
-With "vmap" and "loop", a run of consecutive ops of one cheap kind (a
-parameter server's pushes and pulls) is one call, a loop over the run.
+With "vmap" and "loop", a step is segments (`plan.segments`): a run of
+consecutive ops of one cheap kind (a parameter server's pushes and pulls) is
+a loop over the run, a batched op is one segment. A step whose shape (its
+segments' kinds and batch sizes) is short and common in the run's schedule
+(`fusable`) is one call, a program specialized on that shape, with the ops'
+workers, durations and the runs' bounds as data: a parameter server's steps
+take a handful of shapes. Other steps (gossip with many workers) call their
+segments one by one. Which steps fuse is decided from the whole schedule,
+before the run, so a run, its resume and its replay run the same programs.
 """
 from __future__ import annotations
 
@@ -26,9 +34,11 @@ from jax import lax
 
 from jaxdl.algorithms import Batch, Problem, WorkerAxis
 from jaxdl.engines.sim.batches import DeviceBatches
-from jaxdl.engines.sim.plan import Op
+from jaxdl.engines.sim.handlers import BatchArrays
+from jaxdl.engines.sim.plan import BATCH_KINDS, Op, segments, shape
 
-BATCH_KINDS = ("compute", "compute_one", "local", "local_one", "step")
+FUSED_SEGMENTS = 8  # a step of at most this many segments may run as one call
+FUSED_STEPS = 4   # ... if at least this many of the run's steps have its shape
 
 
 def trace_gradient(problem: Problem, example: dict, batch: int):
@@ -72,96 +82,166 @@ def _has_primitive(jaxpr, name: str) -> bool:
 
 
 class OpArrays(NamedTuple):
-  """Ops as device arrays, stacked over ops (L) for a scan."""
+  """A step's cheap ops as device arrays, stacked over ops (L, padded to the
+  longest step)."""
   kind: Any        # (L,) int32: index into the handler list
   worker: Any      # (L,) int32
   peer: Any        # (L,) int32
   iteration: Any   # (L,) int32
   durations: Any   # (L, 2) float32
-  mask: Any        # (L, M) bool
-  index: Any       # (L, M, b_max) int32: rows of the data table
-  ids: Any         # (L, M, 2) int32: each batch's (worker, step)
   slot: Any        # (L,) int32: an in-flight message's slot
+  batch: Any       # (L,) int32: "scan": the op's row of the batch tables
 
 
 class OpRunner:
-  """Runs a step's ops: one scanned call ("scan"), or one call per op."""
+  """Runs a step's ops: one scanned call ("scan"), one fused call, or one
+  call per segment."""
 
   def __init__(self, fns: dict[str, Callable], batching: str, length: int,
-               batches: DeviceBatches, metrics: tuple[str, ...] = ("loss",)):
+               batches: DeviceBatches, metrics: tuple[str, ...] = ("loss",),
+               fused: frozenset = frozenset()):
+    """`fused`: the shapes of steps to run as one call (`fusable`)."""
     self.names, self.batching, self.length, self.batches = list(fns), batching, length, batches
-    self.metrics = metrics
+    self.metrics, self.fns, self.fused = metrics, fns, fused
+    self.num_workers = batches.num_workers
+    self.jitted: dict[Any, Any] = {}  # every program, as it is first needed
+    self._means = jax.jit(_means)
+    self._zeros = _zero_sums(metrics)  # never donated: shared by every step
     if batching == "scan":
-      branches = [fns[n] for n in self.names]
+      branches = [_with_batch(fns[n], n) for n in self.names]
 
-      def run(server, workers, ops, data):
+      def run(server, workers, ops, tables, data):
         def body(carry, op):
-          return lax.switch(op.kind, branches, *carry, op, data), None
+          table = jax.tree.map(lambda x: x[op.batch], tables)
+          return lax.switch(op.kind, branches, *carry, op, table, data), None
         (server, workers, sums), _ = lax.scan(body, (server, workers, _zero_sums(metrics)),
                                               ops)
-        return server, workers, sums
-      self.jitted = {"scan": jax.jit(run, donate_argnums=(0, 1))}
-    else:
-      self.jitted = {n: jax.jit(fn, donate_argnums=(0, 1)) for n, fn in fns.items()
-                     if n != "noop"}
-      # A run of consecutive ops of one cheap kind (e.g. a parameter server's
-      # pushes and pulls) in one call: a loop over the run's ops, padded to
-      # the longest step so that each kind compiles once.
-      self.runs = {n: jax.jit(_repeat(fn), donate_argnums=(0, 1)) for n, fn in fns.items()
-                   if n not in BATCH_KINDS and n != "noop"}
-      self.jitted.update({f"{n} run": f for n, f in self.runs.items()})
+        return server, workers, _means(sums)
+      self.jitted["scan"] = jax.jit(run, donate_argnums=(0, 1))
+
+  def _program(self, key, make):
+    if key not in self.jitted:
+      self.jitted[key] = jax.jit(make(), donate_argnums=(0, 1))
+    return self.jitted[key]
 
   def encode(self, ops: list[Op], length: int) -> OpArrays:
-    m, b = self.batches.num_workers, self.batches.b_max
-    kind = np.zeros(length, np.int32)
-    worker, peer, iteration, slot = (np.zeros(length, np.int32) for _ in range(4))
+    pad = lambda values, dtype: np.array(values + [0] * (length - len(values)), dtype)
     durations = np.zeros((length, 2), np.float32)
-    mask = np.zeros((length, m), bool)
-    index = np.zeros((length, m, b), np.int32)
-    ids = np.zeros((length, m, 2), np.int32)
-    for i, op in enumerate(ops):
-      kind[i] = self.names.index(op.kind)
-      worker[i], peer[i], iteration[i], slot[i] = op.worker, op.peer, op.iteration, op.slot
-      durations[i] = op.durations
-      if op.mask is not None:
-        mask[i] = op.mask
-      if op.pairs is not None:
-        index[i] = self.batches.indices(op.pairs)
-        ids[i] = [pair or (0, 0) for pair in op.pairs]
-    return OpArrays(kind, worker, peer, iteration, durations, mask, index, ids, slot)
+    durations[:len(ops)] = [op.durations for op in ops]
+    return OpArrays(pad([self.names.index(op.kind) for op in ops], np.int32),
+                    pad([op.worker for op in ops], np.int32),
+                    pad([op.peer for op in ops], np.int32),
+                    pad([op.iteration for op in ops], np.int32), durations,
+                    pad([op.slot for op in ops], np.int32),
+                    pad([i for i in range(len(ops))], np.int32))
+
+  def table(self, op: Op, size: int) -> BatchArrays:
+    """A batched op's BatchArrays over `size` rows."""
+    m = self.num_workers
+    if size == m:
+      rows = np.arange(m, dtype=np.int32)
+      mask = np.ones(m, bool) if op.mask is None else np.asarray(op.mask, bool)
+      pairs = op.pairs
+    else:
+      chosen = [w for w, pair in enumerate(op.pairs) if pair is not None and
+                (op.mask is None or op.mask[w])]
+      rows = np.array(chosen + [m] * (size - len(chosen)), np.int32)
+      mask = np.arange(size) < len(chosen)
+      pairs = [op.pairs[w] for w in chosen] + [None] * (size - len(chosen))
+    ids = np.array([pair or (0, 0) for pair in pairs], np.int32)
+    return BatchArrays(mask, rows, self.batches.indices(pairs), ids, np.int32(op.iteration))
 
   def __call__(self, server, workers, ops: list[Op]):
+    """(server, workers, the step's mean metrics) after `ops`."""
     self.batches.start()
     if self.batching == "scan":
-      arrays = self.encode(ops, self.length)
-      return self.jitted["scan"](server, workers, arrays, self.batches.step_data())
-    arrays = self.encode(ops, len(ops))
-    data, sums = self.batches.step_data(), _zero_sums(self.metrics)
-    start = 0
-    while start < len(ops):
-      kind, end = ops[start].kind, start + 1
-      while end < len(ops) and ops[end].kind == kind:
-        end += 1
-      if end - start > 1 and kind in self.runs:
-        # (to the longest step's length: one shape, one compile, whatever the run's)
-        pad = lambda x: np.concatenate(
-            [x[start:end], np.zeros((self.length - end + start, *x.shape[1:]), x.dtype)])
-        server, workers, sums = self.runs[kind](
-            server, workers, sums, jax.tree.map(pad, arrays), np.int32(end - start), data)
+      return self._scan(server, workers, ops)
+    parts = segments(ops, self.num_workers)
+    tables = [self.table(ops[p.start], p.size) for p in parts if p.kind in BATCH_KINDS]
+    arrays = self.encode(ops, self.length)
+    data = self.batches.step_data()
+    key = shape(parts)
+    if key in self.fused:
+      bounds = np.array([(p.start, p.start + p.count) for p in parts],
+                        np.int32).reshape(-1, 2)
+      return self._program(key, lambda: self._fused(key))(
+          server, workers, arrays, bounds, tables, data)
+    sums, tables = self._zeros, iter(tables)
+    for kind, size, start, count in parts:
+      if size == 0:
+        program = self._program((kind, 0), lambda: _own(self.fns[kind]))
+        server, workers, sums = program(server, workers, sums,
+                                        jax.tree.map(lambda x: x[start], arrays), data)
+      elif size is None:
+        run = self._program(f"{kind} run", lambda: _repeat(self.fns[kind]))
+        server, workers, sums = run(server, workers, sums, arrays, np.int32(start),
+                                    np.int32(start + count), data)
       else:
-        for i in range(start, end):
-          server, workers, sums = self.jitted[kind](
-              server, workers, sums, jax.tree.map(lambda x: x[i], arrays), data)
-      start = end
-    return server, workers, sums
+        # (a function of its own: jit's cache is the function's, whatever the wrapper)
+        program = self._program((kind, size), lambda: _own(self.fns[kind]))
+        server, workers, sums = program(server, workers, sums, next(tables), data)
+    return server, workers, self._means(sums)
+
+  def _fused(self, shape):
+    """A step of segments `shape` in one program (see the module's docstring)."""
+    fns = self.fns
+    metrics = self.metrics
+
+    def run(server, workers, arrays, bounds, tables, data):
+      carry, tables = (server, workers, _zero_sums(metrics)), iter(tables)
+      for s, (kind, size) in enumerate(shape):
+        if size == 0:
+          carry = fns[kind](*carry, jax.tree.map(lambda x: x[bounds[s, 0]], arrays), data)
+        elif size is None:
+          carry = _repeat(fns[kind])(*carry, arrays, bounds[s, 0], bounds[s, 1], data)
+        else:
+          carry = fns[kind](*carry, next(tables), data)
+      server, workers, sums = carry
+      return server, workers, _means(sums)
+    return run
+
+  def _scan(self, server, workers, ops: list[Op]):
+    m = self.num_workers
+    none = BatchArrays(np.zeros(m, bool), np.arange(m, dtype=np.int32),
+                       np.full((m, self.batches.b_max), self.batches.pad, np.int32),
+                       np.zeros((m, 2), np.int32), np.int32(0))
+    tables = [self.table(op, m) if op.kind in BATCH_KINDS else none for op in ops]
+    tables += [none] * (self.length - len(ops))
+    stacked = jax.tree.map(lambda *x: np.stack(x), *tables)
+    return self.jitted["scan"](server, workers, self.encode(ops, self.length), stacked,
+                               self.batches.step_data())
+
+
+def fusable(shapes, fused_segments: int = FUSED_SEGMENTS,
+            fused_steps: int = FUSED_STEPS) -> frozenset:
+  """The step shapes worth a program of their own: at most `fused_segments`
+  segments, and at least `fused_steps` steps of the schedule (`shapes`: a
+  Counter, plan.plan_sizes) to repay its compile."""
+  return frozenset(s for s, n in shapes.items() if len(s) <= fused_segments and n >= fused_steps)
+
+
+def _with_batch(fn, name: str):
+  """A handler of the scan's one signature: a batched op reads its table."""
+  if name in BATCH_KINDS:
+    return lambda server, workers, sums, op, table, data: fn(server, workers, sums, table, data)
+  return lambda server, workers, sums, op, table, data: fn(server, workers, sums, op, data)
+
+
+def _own(fn):
+  return lambda *args: fn(*args)
 
 
 def _repeat(fn):
-  """`fn` over the first `count` of stacked ops, in order, in one call."""
-  def run(server, workers, sums, ops, count, data):
+  """`fn` over the ops start, ..., end - 1 of the step's arrays, in order, in one call."""
+  def run(server, workers, sums, ops, start, end, data):
     body = lambda i, carry: fn(*carry, jax.tree.map(lambda x: x[i], ops), data)
-    return lax.fori_loop(0, count, body, (server, workers, sums))
+    return lax.fori_loop(start, end, body, (server, workers, sums))
   return run
+
+
+def _means(sums):
+  totals, count = sums
+  return {k: v / count for k, v in totals.items()}
 
 
 def _zero_sums(metrics: tuple[str, ...]):
