@@ -61,7 +61,8 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
   arms, rounds = {}, {}
   for arm, extra in ARMS.items():
     config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
-    sim = SimEngine(_shape(config, problem), problem, streams, config, total)
+    # as in a run of thousands of steps: a program per common shape of step
+    sim = SimEngine(_shape(config, problem), problem, streams, config, total, fused_steps=1)
     arms[arm] = _sim_arm(sim, total)
     rounds[arm] = _server_round(config, problem, args.calls)
   times = interleaved(arms, args.steps, args.rounds, warmup=1)

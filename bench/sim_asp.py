@@ -3,7 +3,10 @@
 The sim engine batches the workers' gradients (vmap over their stacked pulled
 parameter versions), so simulating `asp` with M workers should cost about M
 single steps. Prints samples/s of both arms and the ratio sim / single
-(goal >= 0.9).
+(goal >= 0.9): the steady state of a long run, each common shape of step
+one program compiled before the clock starts (a run fuses a shape of at
+least jaxdl.engines.sim.runner.FUSED_STEPS steps; shorter runs call a
+step's segments one by one and spend less on compiling).
 
   python -m bench.sim_asp                     # cnn 28x28, batch 32, 8 workers
   python -m bench.sim_asp --cases mlp:8:32:8
@@ -64,7 +67,9 @@ def bench_case(case: str, args: Args) -> float:
   asp = algorithms.build(ALGORITHMS.get("asp"), config.settings(), problem, workers)
   arms = {}
   for batching in args.batchings:
-    sim = SimEngine(asp, problem, streams, config, total, batching=batching)
+    # each common shape of step one program, as in a run of thousands of steps
+    # (runner.FUSED_STEPS), compiled before the clock starts (_sim_arm)
+    sim = SimEngine(asp, problem, streams, config, total, batching=batching, fused_steps=1)
     arms[f"sim asp, {workers} workers, {batching} ({sim.batching})"] = _sim_arm(sim, total)
 
   one = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch)

@@ -34,8 +34,8 @@ from jaxdl.engines.events import EventReplay, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import handlers
-from jaxdl.engines.sim.runner import (OpRunner, choose_batching, fusable, metric_names,
-                                     trace_gradient)
+from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable,
+                                     metric_names, trace_gradient)
 from jaxdl.errors import ConfigError
 from jaxdl.partition import Partitioner, Partitions
 
@@ -171,10 +171,12 @@ class SimEngine(base.LocalProcess):
   shapes = SHAPES
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
-               config, total_steps: int, batching: str = "auto"):
+               config, total_steps: int, batching: str = "auto",
+               fused_steps: int = FUSED_STEPS):
     """`batching`: "vmap", "loop", "scan", "events" or "auto" (runner.choose_batching;
     "events" when replaying the trace of a real engine's run, whose processes
-    ran `jaxdl.engines.events.EventPrograms`)."""
+    ran `jaxdl.engines.events.EventPrograms`). `fused_steps`: the fewest steps
+    of one shape that run as one program (runner.fusable; the same bits)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
     if config.output.replay:
@@ -226,7 +228,7 @@ class SimEngine(base.LocalProcess):
     batches = DeviceBatches(streams, sizes.batch_ops)
     self.runner = OpRunner(handlers(algorithm, self.num_workers, sum(streams.batch_sizes),
                                     batches.pad), batching, sizes.longest, batches,
-                           self.metric_names, fusable(sizes.shapes))
+                           self.metric_names, fusable(sizes.shapes, fused_steps=fused_steps))
 
   def _repartition(self, config, streams: Streams) -> None:
     """Gives the streams the partitions the events record (--partition
