@@ -212,8 +212,20 @@ COMMUNICATION_VARIANTS = (
 COMMUNICATION_GRID = Grid(variants=COMMUNICATION_VARIANTS, networks=("56gbps", "1gbps"),
                           timing_networks=(), run=tuple({**dict(DEFAULT_RUN),
                                                          "epochs": 10.0}.items()))
+# Communicating less without a server: GoSGD (p = 0.1) and AD-PSGD, whole
+# and with compressed messages (top-k 1%, and 10% for GoSGD: differences
+# from pairwise references, jaxdl.algorithms.pairwise), on the communication
+# grid's task and networks; sgd sets the target. At 4 and 8 workers: each
+# worker holds 2 M references, and compressed AD-PSGD, which exchanges after
+# every step, took ~12 minutes a cell at 16 (--workers 16 runs it).
+GOSSIP_VARIANTS = (
+    Variant("sgd"), Variant("gosgd"),
+    Variant("gosgd", (("compress", "topk:0.01"),), name="gosgd_topk"),
+    Variant("gosgd", (("compress", "topk:0.1"),), name="gosgd_topk10"),
+    Variant("ad_psgd"), Variant("ad_psgd", (("compress", "topk:0.01"),), name="ad_psgd_topk"))
+GOSSIP_GRID = COMMUNICATION_GRID.replace(variants=GOSSIP_VARIANTS, workers=(4, 8))
 GRIDS = {"default": DEFAULT_GRID, "strategies": STRATEGIES_GRID,
-         "communication": COMMUNICATION_GRID}
+         "communication": COMMUNICATION_GRID, "gossip": GOSSIP_GRID}
 """The grids `jaxdl compare --grid NAME` runs."""
 
 
@@ -283,7 +295,7 @@ class CompareArgs:
   lambda0 2), lc_asgd at 4, 8 and 16 workers. `jaxdl report DIR` redoes the
   tables and plots."""
   grid: str = "default"
-  """The grid: default (the miniature IPDPS'21 + LC-ASGD comparison above) or strategies (the ASU seed's: one device, data parallel on 2 workers, GPipe and model parallel on 2 stages, tensor parallel on 2 devices; the ViT on digits, --engine mesh, which needs 2 devices: on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2) or communication (communicating less: ar_sgd, asp, diloco with H = 8, ar_sgd with top-k 1% and PowerSGD rank 2, asp with top-k 1%, at 4, 8, 16 workers on 56 and 1 Gb/s; --engine sim). The flags below override it."""
+  """The grid: default (the miniature IPDPS'21 + LC-ASGD comparison above) or strategies (the ASU seed's: one device, data parallel on 2 workers, GPipe and model parallel on 2 stages, tensor parallel on 2 devices; the ViT on digits, --engine mesh, which needs 2 devices: on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2) or communication (communicating less: ar_sgd, asp, diloco with H = 8, ar_sgd with top-k 1% and PowerSGD rank 2, asp with top-k 1%, at 4, 8, 16 workers on 56 and 1 Gb/s; --engine sim) or gossip (the same without a server: gosgd with p = 0.1, whole and with top-k 1% and 10%, ad_psgd, whole and with top-k 1%, at 4 and 8 workers). The flags below override it."""
   experiment: str | None = None
   """Python file that defines GRID = jaxdl.compare.Grid(...) (e.g. experiments/NAME.py), instead of --grid; the flags below override it."""
   algorithms: tuple[str, ...] | None = None

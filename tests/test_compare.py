@@ -228,8 +228,12 @@ def test_a_named_grid(tmp_path, capsys):
   cells = communication.cells()
   assert {c.network for c in cells} == {"56gbps", "1gbps"} and not any(c.timing for c in cells)
   assert len(cells) == 2 * (1 + 6 * 3)  # sgd, and 6 variants at 4, 8, 16 workers
+  gossip = compare.named_grid(compare.CompareArgs(grid="gossip"))
+  assert compare.check_cells(gossip, tmp_path) == {}
+  assert gossip.run == communication.run and gossip.networks == communication.networks
+  assert len(gossip.cells()) == 2 * (1 + 5 * 2)  # sgd, and 5 variants at 4 and 8 workers
   for args, says in ((["--grid", "nope"], "--grid='nope' is not valid: one of default, "
-                      "strategies, communication"),
+                      "strategies, communication, gossip"),
                      (["--grid", "strategies", "--experiment", str(path)],
                       "--grid='strategies' is not valid: its default (default) with "
                       "--experiment, which gives the grid")):
