@@ -177,18 +177,14 @@ def quickest(total: int, costs: np.ndarray, spreads: Sequence[np.ndarray]) -> tu
   a, c = costs[:, 0], costs[:, 1]
   sizes = np.asarray(balanced(total, costs))
   best = expected_slowest(a + c * sizes, spreads)
-  pairs = [(i, j) for i in range(len(sizes)) for j in range(len(sizes)) if i != j]
+  moves = [np.eye(len(sizes), dtype=int)[j] - np.eye(len(sizes), dtype=int)[i]
+           for i in range(len(sizes)) for j in range(len(sizes)) if i != j]
   while True:
-    moves = [(i, j) for i, j in pairs if sizes[i] > 1]
-    scores = [expected_slowest(a + c * (sizes + np.eye(len(sizes), dtype=int)[j]
-                                        - np.eye(len(sizes), dtype=int)[i]), spreads)
-              for i, j in moves]
+    allowed = [move for move in moves if np.all(sizes + move >= 1)]
+    scores = [expected_slowest(a + c * (sizes + move), spreads) for move in allowed]
     if not scores or min(scores) >= best * (1 - 1e-12):
       return tuple(int(b) for b in sizes)
-    i, j = moves[int(np.argmin(scores))]
-    sizes[i] -= 1
-    sizes[j] += 1
-    best = min(scores)
+    sizes, best = sizes + allowed[int(np.argmin(scores))], min(scores)
 
 
 class Partitions:
