@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxdl.fingerprint import fingerprint
@@ -66,6 +67,22 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def placed_like(restored: Any, live: Any) -> Any:
+  """`restored` (restored into ``abstract(live)``) with each array that
+  `live` holds uncommitted to a device uncommitted too. Orbax commits what
+  it restores, and a jitted step called with committed arrays where it was
+  traced with uncommitted ones lowers to another program (its inputs'
+  shardings spelled out): a resumed run would compile its step anew, a miss
+  in JAX's persistent cache too. The values are the same."""
+  def place(r, l):
+    if (isinstance(l, jax.Array) and isinstance(r, jax.Array) and not l.committed
+        and r.committed and not r.weak_type and r.is_fully_addressable
+        and not jax.dtypes.issubdtype(r.dtype, jax.dtypes.prng_key)):
+      return jax.device_put(np.asarray(r))
+    return r
+  return jax.tree.map(place, restored, live)
 
 
 def abstract(tree: Any) -> Any:

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxdl import distributed, rundir, trace
 from jaxdl.build import Cadence, Setup, build_task, prepare, resolve_task
-from jaxdl.checkpoint import Checkpointer, abstract
+from jaxdl.checkpoint import Checkpointer, abstract, placed_like
 from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, resolve, validate
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
@@ -193,7 +193,7 @@ class _Training:
     if resuming:
       restored = self.ckpt.restore_latest(abstract(self.state))
       if restored is not None:
-        self.state, meta = restored
+        self.state, meta = placed_like(restored[0], self.state), restored[1]
         self.start, self.wall_offset = meta["step"], meta["wall_time_s"]
         self.initial_loss = meta.get("initial_loss")
     self.previous = self._previous_trace() if self.start else []

@@ -1,8 +1,10 @@
 """What every algorithm trains (`Problem`), on what (`Batch`), and its registry entry."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,29 @@ class TrainState(NamedTuple):
   opt_state: optax.OptState
 
 
+class _Given(NamedTuple):
+  key: Any            # the key being traced
+  tasks: list[Task]   # the tasks whose model from that key was asked for
+  models: Sequence    # models[i]: tasks[i]'s (params, model_state) from that key, if given
+
+
+_GIVEN: contextvars.ContextVar[_Given | None] = contextvars.ContextVar("given", default=None)
+
+
+@contextlib.contextmanager
+def models_given(key, tasks: list[Task], models: Sequence = ()):
+  """While a function of `key` is traced: `Problem.init_model(key)` (and
+  `init_state(key)`) returns ``models[i]`` for ``tasks[i]`` instead of
+  tracing the task's initializer; a task without a model given is traced as
+  usual and appended to `tasks`. A key derived from `key` is another key:
+  its model is traced."""
+  token = _GIVEN.set(_Given(key, tasks, models))
+  try:
+    yield
+  finally:
+    _GIVEN.reset(token)
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
   """What every algorithm trains: a task with an optax update rule.
@@ -58,7 +83,17 @@ class Problem:
   compress: str = "none"
 
   def init_model(self, key: jax.Array):
-    """(params, model_state) of a fresh model."""
+    """(params, model_state) of a fresh model: ``task.init(key)``, or, while
+    an engine compiles its initial state (`models_given`), that model as
+    computed by a program of its own."""
+    given = _GIVEN.get()
+    if given is None or key is not given.key:
+      return self.task.init(key)
+    i = next((i for i, t in enumerate(given.tasks) if t is self.task), len(given.tasks))
+    if i < len(given.models):
+      return given.models[i]
+    if i == len(given.tasks):
+      given.tasks.append(self.task)
     return self.task.init(key)
 
   def model_bytes(self) -> int:
@@ -93,7 +128,7 @@ class Problem:
     return compression.compression(self.compress, seed=self.seed).update(message, outbox)
 
   def init_state(self, key: jax.Array) -> TrainState:
-    params, model_state = self.task.init(key)
+    params, model_state = self.init_model(key)
     return TrainState(params, model_state, self.optimizer.init(params))
 
   def batch_key(self, ids: jax.Array) -> jax.Array:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdl.algorithms import Problem, Shape
+from jaxdl.algorithms.base import models_given
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.data import Streams
 from jaxdl import trace
@@ -93,16 +94,52 @@ class LocalProcess:
     pass
 
 
-def compile_init(init, *args, out_shardings=None):
-  """Compiles an initialization function once.
+def compile_init(init, key: jax.Array, *, out_shardings=None):
+  """Compiles an initialization function of `key` once; call the result
+  with `key`.
 
   Op by op, every parameter's initializer would compile on its own. The
   compile keeps XLA's default optimization: at level 0 the CPU backend
   compiles faster but rounds the random initializers differently, and a
   run's initial parameters would no longer be the bits of the task's
-  ``init(key)`` called by hand.
+  ``init(key)`` called by hand. The models that `init` starts from
+  (`Problem.init_model(key)`) are computed first, by the task's initializer
+  compiled alone, and `init` takes them as arguments: most of an initial
+  state's compile is XLA compiling random initializers, and that program is
+  the same for every algorithm, worker count and device count (one compile,
+  then hits in JAX's persistent compilation cache).
   """
-  return jax.jit(init, out_shardings=out_shardings).lower(*args).compile()
+  replicated = _replicated(out_shardings)
+  if replicated is None:  # a mesh over several processes: one program
+    return jax.jit(init, out_shardings=out_shardings).lower(key).compile()
+  tasks: list = []
+
+  def given(key, models):
+    with models_given(key, tasks, models):
+      return init(key)
+
+  def arguments(key):  # on the mesh, every argument on all its devices
+    args = key, tuple(jax.jit(task.init)(key) for task in tasks)
+    return args if replicated is False else jax.device_put(args, replicated)
+  jax.eval_shape(given, key, ())  # which tasks' models `init` starts from
+  args = arguments(key)
+  compiled = jax.jit(given, out_shardings=out_shardings).lower(*args).compile()
+  return lambda k: compiled(*(args if k is key else arguments(k)))
+
+
+def _replicated(out_shardings):
+  """The sharding that replicates the models over `out_shardings`' mesh:
+  False without shardings, None where the mesh spans processes."""
+  if out_shardings is None:
+    return False
+  shardings = jax.tree.leaves(out_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  if not shardings or not all(isinstance(x, jax.sharding.NamedSharding) for x in shardings):
+    return None
+  mesh = shardings[0].mesh
+  if any(x.mesh != mesh for x in shardings) or not all(
+      d.process_index == jax.process_index() for d in mesh.devices.flat):
+    return None
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 def init_workers(init, key: jax.Array, num_workers: int):

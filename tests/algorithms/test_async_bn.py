@@ -57,6 +57,10 @@ def test_async_bn_keeps_the_moving_average_of_reports():
   assert evaluated is server.stats
 
 
+# Two 8-epoch runs, with the slow cases: by default, the other tests here
+# check the moving average, the reports and that only the evaluated
+# statistics change (lc_asgd, easgd).
+@pytest.mark.slow
 def test_async_bn_runs_and_changes_what_is_evaluated(tmp_path):
   # cnn_bn sits near chance for its first epochs and then learns fast: at 3
   # epochs accuracy was 0.33 to 0.45 with the rounding of the machine; at 8

@@ -197,6 +197,7 @@ def test_learns_digits(name):
   assert float(jnp.mean(jnp.argmax(logits, -1) == y_test)) >= 0.95
 
 
+@pytest.mark.slow  # 40 ViT steps on 32 x 32 x 3; tfds reading and the ViT are default tests
 def test_vit_trains_on_cifar_shaped_tfds_data(tmp_path):
   """The ViT through a whole run on tfds's CIFAR-10 (mocked: 32 x 32 x 3,
   random images and labels): 64 tokens of 4 x 4 patches, and the training
