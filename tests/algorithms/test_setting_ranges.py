@@ -30,6 +30,8 @@ RANGES = {
                 "lc_max_delay": ([None, 1], [0], "an integer >= 1")},
     "easgd": {"communication_period": ([1], [0], "an integer >= 1"),
               "elasticity": ([None, 0.0, 1.0], [-1e-6, 1.000001], "a number in [0, 1]")},
+    "ad_psgd": {"consensus_step": ([1e-9, 1.0], [0.0, -0.05, 1.000001],
+                                   "a step size in (0, 1]")},
     "gosgd": {"gossip_probability": ([0.0, 1.0], [-1e-6, 1.000001],
                                      "a probability in [0, 1]")},
 }
