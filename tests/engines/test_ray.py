@@ -121,8 +121,9 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
   # every gradient's measured time: the event's duration and the worker's batch times
   computed = [e for e in events if e.kind == ("pull" if name == "ad_psgd" else "local")]
   assert all(e.duration > 0 for e in computed)
-  assert ray_run["batch_seconds_per_worker"] == pytest.approx(
-      [np.mean([e.duration for e in computed if e.worker == w]) for w in range(m)], rel=1e-6)
+  for w in {e.worker for e in computed}:
+    assert ray_run["batch_seconds_per_worker"][w] == pytest.approx(
+        np.mean([e.duration for e in computed if e.worker == w]), rel=1e-6)
   # each worker's events in its program's order
   order = {"easgd": ["local", "exchange"], "gosgd": ["local", "send"]}.get(
       name, ["pull", "average", "apply"])
