@@ -117,8 +117,7 @@ def build(settings: ADPSGDSettings, problem: Problem, num_workers: int) -> Decen
 
   def init(key, worker) -> PeerWorker:
     state = problem.init_state(key)
-    links = (pairwise.init(problem.compress, state.params, worker, num_workers, problem.seed)
-             if problem.compresses else ())
+    links = pairwise.of_worker(problem, state.params, worker, num_workers)
     return PeerWorker(*state, state.params, jax.tree.map(jax.numpy.zeros_like, state.params),
                       links)
 

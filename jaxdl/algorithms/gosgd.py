@@ -98,8 +98,7 @@ def evaluated(workers: GossipWorker):
 def build(settings: GoSGDSettings, problem: Problem, num_workers: int) -> Gossip:
   def init(key, worker) -> GossipWorker:
     state = problem.init_state(key)
-    links = (pairwise.init(problem.compress, state.params, worker, num_workers, problem.seed)
-             if problem.compresses else ())
+    links = pairwise.of_worker(problem, state.params, worker, num_workers)
     return GossipWorker(*state, jnp.float32(1.0 / num_workers), links)
 
   def local(worker: GossipWorker, batch):

@@ -76,6 +76,14 @@ def init(compress: str, params, worker, num_workers: int, seed: int = 0) -> Link
                jax.random.key_data(key))
 
 
+def of_worker(problem, params, worker, num_workers: int):
+  """A worker's links under `problem` (an algorithms.Problem): `init` with
+  --compress, () without (no references kept)."""
+  if not problem.compresses:
+    return ()
+  return init(problem.compress, params, worker, num_workers, problem.seed)
+
+
 def encode(compress: str, links: Links, params, peer) -> tuple[Links, Any]:
   """The message to `peer`, q = C(x - r_{m->peer}), and the links with
   r_{m->peer} <- r_{m->peer} + q (and the pair's memory, the next key)."""
