@@ -119,11 +119,22 @@ class _Collecting:
       _Collecting.now = False
 
 
+def _in_finalizer(frame) -> bool:
+  """Whether `frame` runs inside a `__del__` (a finalizer that a reference
+  count reaching zero ran, outside the garbage collector)."""
+  while frame is not None:
+    if frame.f_code.co_name == "__del__":
+      return True
+    frame = frame.f_back
+  return False
+
+
 def _interrupt(signum, frame) -> None:
   """Ctrl-C, or SIGTERM during `compare`: a KeyboardInterrupt, unless the
-  garbage collector is running, which would only print it and go on: then
-  the same signal again, shortly, out of it."""
-  if _Collecting.now:
+  garbage collector or a finalizer is running, which would only print it
+  and go on (e.g. an asyncio loop's __del__): then the same signal again,
+  shortly, out of it."""
+  if _Collecting.now or _in_finalizer(frame):
     threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
     return
   raise KeyboardInterrupt

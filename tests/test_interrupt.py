@@ -121,3 +121,21 @@ def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where
         gc.callbacks.remove(cb)
     signal.signal(signal.SIGTERM, previous)
   assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_signal_in_a_finalizer_is_deferred_not_lost():
+  """A finalizer run by a reference count reaching zero (an asyncio loop's
+  __del__ at an interrupted compare's exit) would only print a
+  KeyboardInterrupt raised in it: the handler sees it is in one."""
+  import sys
+
+  from jaxdl.cli import _in_finalizer
+
+  seen = []
+
+  class Finalized:
+    def __del__(self):
+      seen.append(_in_finalizer(sys._getframe()))
+
+  Finalized()  # no reference kept: its __del__ runs at once
+  assert seen == [True] and not _in_finalizer(sys._getframe())
