@@ -14,6 +14,7 @@ its simulated throughput without the math.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as futures
 import ctypes
 import dataclasses
@@ -25,6 +26,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -470,6 +472,8 @@ def _run_cell(config_dict: dict, experiment: str | None = None) -> dict:
     if experiment:
       load_experiment(experiment)
     summary = run(RunConfig.from_dict(config_dict))
+  except _Stopped as stop:
+    _exit(stop.code)
   except Exception as e:  # a failed cell is reported, the others go on
     return {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0],
             "traceback": traceback.format_exc(), "seconds": time.perf_counter() - t0}
@@ -503,9 +507,9 @@ def _worker_init(parent: int) -> None:
   # Several processes on one accelerator: none may take most of its memory.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   # Ctrl-C reaches the whole process group: compare's process alone decides
-  # (_stop). SIGTERM ends the running cell; the process then exits as the
-  # shut-down pool asks, its atexit cleanup done. If compare's process dies,
-  # even by SIGKILL, the kernel kills this one (Linux's parent-death signal).
+  # (_stop). SIGTERM ends the running cell and its process (_exit). If
+  # compare's process dies, even by SIGKILL, the kernel kills this one
+  # (Linux's parent-death signal).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, _end_cell)
   try:
@@ -516,12 +520,27 @@ def _worker_init(parent: int) -> None:
     os._exit(1)
 
 
+class _Stopped(SystemExit):
+  """compare's SIGTERM to a pool process: its cell stops unfinished."""
+
+
 def _end_cell(signum, frame) -> None:
   # An asynchronous checkpoint the cell was writing dies with its process
   # (orbax logs its thread's error at shutdown): the next run resumes from the
   # last complete one.
   logging.getLogger("absl").setLevel(logging.CRITICAL)
-  raise SystemExit(128 + signum)
+  raise _Stopped(128 + signum)
+
+
+def _exit(code: int) -> None:
+  """Ends a stopped cell's process, its atexit cleanup done, without going
+  back to the pool's call queue: another pool process stopped while reading
+  it may have taken a message's length and left its body, and a reader after
+  it would take those bytes for the next length (a traceback, not a stop)."""
+  atexit._run_exitfuncs()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
 
 
 def _stop(pool: futures.ProcessPoolExecutor) -> None:

@@ -139,3 +139,33 @@ def test_a_signal_in_a_finalizer_is_deferred_not_lost():
 
   Finalized()  # no reference kept: its __del__ runs at once
   assert seen == [True] and not _in_finalizer(sys._getframe())
+
+
+def test_a_stopped_cell_ends_its_process(tmp_path):
+  """compare's SIGTERM to a pool process running a cell ends that process
+  at once: it never goes back to the pool's call queue, which the stop of
+  another pool process may have left between a message's length and its
+  body (a traceback instead of a stop). The pool is not shut down here, so
+  only the cell's own stop can end it."""
+  import concurrent.futures as futures
+  import multiprocessing
+
+  from jaxdl import compare
+  from jaxdl.config import RunConfig
+
+  run = tmp_path / "run"
+  config = RunConfig.make(algorithm="asp", workers=2, steps=100000, model="mlp",
+                          out=str(run), progress=False)
+  pool = futures.ProcessPoolExecutor(1, multiprocessing.get_context("spawn"),
+                                     initializer=compare._worker_init, initargs=(os.getpid(),))
+  try:
+    cell = pool.submit(compare._run_cell, config.to_dict())
+    assert _wait(lambda: (run / "config.json").exists(), 120)
+    (process,) = pool._processes.values()
+    process.terminate()
+    process.join(30)
+    assert process.exitcode == 128 + signal.SIGTERM
+    with pytest.raises(futures.process.BrokenProcessPool):
+      cell.result(timeout=30)
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
