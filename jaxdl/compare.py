@@ -527,7 +527,9 @@ class _Stopped(SystemExit):
 def _end_cell(signum, frame) -> None:
   # An asynchronous checkpoint the cell was writing dies with its process
   # (orbax logs its thread's error at shutdown): the next run resumes from the
-  # last complete one.
+  # last complete one. The pool itself may send SIGTERM again (as it finds
+  # itself broken), once the process is ending: that one is ignored.
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   logging.getLogger("absl").setLevel(logging.CRITICAL)
   raise _Stopped(128 + signum)
 
@@ -644,8 +646,8 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
       pool = None
     raise
   finally:
-    if pool is not None:
-      pool.shutdown(cancel_futures=True)
+    if pool is not None:  # its processes end as the caller goes on (the report)
+      pool.shutdown(wait=False, cancel_futures=True)
     progress_bar.close()
   return {c.name: status[c.name] for c in cells if c.name in status}
 
