@@ -20,13 +20,14 @@ def test_more_workers_than_devices_and_unequal_batches():
 
 
 def test_padding_does_not_change_batch_norm_with_sync_bn():
-  # vgg11_bn has batch norm everywhere: with synchronized statistics over the
-  # workers and masked padding, the update equals one worker on the whole batch.
-  # Batch-norm sums over workers add in another order: float noise (2e-7 after
-  # a step), which 8 conv layers of batch norm on 8x8 images amplify from the
-  # second step on (1e-3, then 1e-2), so one step is compared. Padding counted
-  # in the statistics would move the step's update itself.
-  assert_m_workers_equal_one("ar_sgd", [3, 5, 8], "momentum", model="vgg11_bn", steps=1,
+  # cnn_bn has batch norm after each conv: with synchronized statistics over
+  # the workers and masked padding (batches of 3 and 5 padded to 8), the
+  # update equals one worker on the whole batch. Batch-norm sums over workers
+  # add in another order: float noise, which batch norm on 8x8 images
+  # amplifies over steps, so one step is compared. Padding counted in the
+  # statistics would move the step's update itself. (Every layer of vgg11_bn
+  # padded and synchronized: tests/models/test_layers.py.)
+  assert_m_workers_equal_one("ar_sgd", [3, 5, 8], "momentum", model="cnn_bn", steps=1,
                              sync_bn=True, atol=2e-6)
 
 

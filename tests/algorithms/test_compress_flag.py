@@ -200,9 +200,9 @@ def test_ar_sgd_trains_with_topk_of_one_percent():
   assert np.mean(losses[-10:]) < 0.4
 
 
-RESUME = dict(model="mlp", steps=30, workers=4, batch_size=8, progress=False,
+RESUME = dict(model="mlp", steps=12, workers=4, batch_size=8, progress=False,
               schedule="constant", momentum=0.0, lr=0.1, jitter=0.3, compute_time=1e-3,
-              checkpoint_every=10, engine="sim")
+              checkpoint_every=4, engine="sim")
 
 
 # Every compressor's state travels as the worker's `outbox` whatever the
@@ -223,7 +223,7 @@ def test_resume_restores_the_residuals_bit_for_bit(tmp_path, algorithm, compress
   config = RunConfig.make(algorithm=algorithm, compress=compress, out=str(tmp_path / "run"),
                           **RESUME)
   full = jaxdl.run(config)
-  shutil.rmtree(tmp_path / "run" / "checkpoints" / "30")  # as if killed after step 20
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "12")  # as if killed after step 8
   (tmp_path / "run" / "summary.json").unlink()
   resumed = jaxdl.run(config.replace(resume=True))
   assert resumed["params_fingerprint"] == full["params_fingerprint"]
