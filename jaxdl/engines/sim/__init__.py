@@ -15,6 +15,7 @@ own functions) and `runner` (how the ops run).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -192,6 +193,10 @@ class SimEngine(base.LocalProcess):
                                partitioner)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
       self.batch_seconds = schedule.batch_seconds
+      # The same model without the random draws it cached for the schedule
+      # (with many workers, 512 a block for each worker and stream; drawn
+      # again, the same, if asked for).
+      self.cost = dataclasses.replace(self.cost)
     self._repartition(config, streams)
     self.step_ends = trace.step_ends(self.events, streams.batch_sizes)
     if len(self.step_ends) < total_steps:
