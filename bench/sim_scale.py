@@ -8,7 +8,9 @@ come). Prints samples/s (simulated updates' examples per wall second) and
 its ratio to M = 1, the process's peak memory, the workers' states' bytes
 (what memory should grow with), the seconds of compiling that fell in
 the timed steps, and the peak memory before the states exist (the engine
-built: data, schedule, plans) and once they are initialized.
+built: data, schedule, plans) and once they are initialized. Then, for each
+algorithm, how much the peak grew from the first M to the last against how
+much the states grew (goal: at most 1.0).
 
   python -m bench.sim_scale                          # asp and gosgd, M = 1, 64, 256, 1024
   python -m bench.sim_scale --algorithms asp --workers 1 64
@@ -97,8 +99,9 @@ def main(args: Args) -> int:
   print(f"machine: {machine()}")
   print(f"{'algorithm':<10}{'M':>6}{'samples/s':>12}{'vs M=1':>8}{'peak MB':>9}"
         f"{'states MB':>11}{'compile s':>11}{'setup MB':>10}{'init MB':>9}")
+  growth = []
   for algorithm in args.algorithms:
-    base = None
+    base = first = last = None
     for m in args.workers:
       out = subprocess.run([sys.executable, "-m", "bench.sim_scale", "--case",
                             f"{algorithm}:{m}", "--steps", str(args.steps)],
@@ -108,10 +111,18 @@ def main(args: Args) -> int:
         continue
       r = json.loads(out.stdout.strip().splitlines()[-1])
       base = base or r["samples_per_s"]
+      first, last = first or r, r
       print(f"{algorithm:<10}{m:>6}{r['samples_per_s']:>12,.0f}"
             f"{r['samples_per_s'] / base:>8.3f}{r['peak_rss_mb']:>9.0f}"
             f"{r['worker_state_mb']:>11.1f}{r['compile_s']:>11.2f}"
             f"{r['setup_peak_mb']:>10.0f}{r['init_peak_mb']:>9.0f}", flush=True)
+    if first is not None and last is not first:
+      peak = last["peak_rss_mb"] - first["peak_rss_mb"]
+      states = last["worker_state_mb"] - first["worker_state_mb"]
+      growth.append(f"{algorithm}: from M = {first['workers']} to {last['workers']}, peak "
+                    f"+{peak:.0f} MB for +{states:.0f} MB of states: {peak / states:.2f} x")
+  for line in growth:
+    print(line)
   return 0
 
 

@@ -207,23 +207,26 @@ class CostModel:
 
   def uniform(self, stream: str, worker: int, iteration: int) -> float:
     """A uniform draw in [0, 1) that depends only on (seed, stream, worker, iteration)."""
-    return self._block(stream, worker, iteration)[iteration % _BLOCK]
+    return float(self._block(stream, worker, iteration)[iteration % _BLOCK])
 
-  def _block(self, stream: str | None, worker: int, iteration: int) -> list[float]:
+  def _block(self, stream: str | None, worker: int, iteration: int) -> np.ndarray:
     # Draws come in blocks of iterations, so that a schedule costs one generator
     # per block rather than per call; the result is independent of call order.
-    # Stream None holds the compute times themselves.
+    # Stream None holds the compute times themselves. A block is kept as an
+    # array, not a list of floats: with many workers each uses a few draws of
+    # each of its blocks, and Python floats took 4 x the bytes (42 MB of a
+    # 1,024-worker gossip schedule's cache; BENCHMARKS.md).
     key = (stream, worker, iteration // _BLOCK)
     block = self._draws.get(key)
     if block is None:
       stream_id = 0 if stream is None else _stream_id(stream)
       rng = np.random.default_rng([self.seed, stream_id, worker, key[2]])
       block = (self._compute_times(rng, worker, key[2]) if stream is None
-               else rng.random(_BLOCK).tolist())
+               else rng.random(_BLOCK))
       self._draws[key] = block
     return block
 
-  def _compute_times(self, rng: np.random.Generator, worker: int, block: int) -> list[float]:
+  def _compute_times(self, rng: np.random.Generator, worker: int, block: int) -> np.ndarray:
     """Compute times of one block of iterations: speed, jitter, stragglers."""
     seconds = np.full(_BLOCK, self.compute_s / self.speeds[worker])
     if self.jitter > 0:
@@ -232,11 +235,11 @@ class CostModel:
     if self.straggler_prob > 0:
       late = np.asarray(self._block("straggler", worker, block * _BLOCK)) < self.straggler_prob
       seconds[late] *= self.straggler_slowdown
-    return seconds.tolist()
+    return seconds
 
   def compute_time(self, worker: int, iteration: int) -> float:
     """Seconds for `worker`'s batch of `iteration`: speed, jitter and stragglers."""
-    return self._block(None, worker, iteration)[iteration % _BLOCK]
+    return float(self._block(None, worker, iteration)[iteration % _BLOCK])
 
   def transfer_time(self, nbytes: float) -> float:
     """Seconds for one message on an idle link."""

@@ -101,6 +101,18 @@ def test_compute_time_is_deterministic_and_independent_of_call_order():
   assert dataclasses.replace(forward, seed=8).compute_time(0, 0) == other.compute_time(0, 0)
 
 
+def test_draws_are_plain_floats_of_the_seeded_blocks():
+  """A draw is a Python float, the block's generator's value: the rule
+  written out, for iterations in a first and a later block of 512."""
+  cost = CostModel(3, 0.2, 0.0, jitter=0.3, seed=7)
+  for w, i in [(0, 0), (2, 5), (1, 1000)]:
+    rng = np.random.default_rng([7, 0, w, i // 512])
+    seconds = np.full(512, 0.2) * np.exp(0.3 * rng.standard_normal(512) - 0.5 * 0.3 ** 2)
+    assert type(cost.compute_time(w, i)) is float
+    assert cost.compute_time(w, i) == seconds.tolist()[i % 512]
+  assert type(cost.uniform("gossip", 1, 3)) is float
+
+
 def test_speeds_divide_compute_time():
   cost = CostModel(2, 0.4, 0.0, speeds=(1.0, 4.0))
   assert cost.compute_time(0, 3) == pytest.approx(0.4)

@@ -184,3 +184,61 @@ def test_fused_steps_and_gathered_gradients_give_the_bits_of_one_call_per_segmen
     for a, b in zip(jax.tree.leaves(jax.device_get(state)),
                     jax.tree.leaves(jax.device_get(runs[0][0]))):
       np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["asp", "gosgd"])
+def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
+  """A batched op of more than `chunk_rows` rows, computed 64 rows at a time
+  (the last chunk overlapping the one before), gives every row, and the
+  step's metric sums, the bits of the op computed whole: for all M workers
+  masked and for K gathered rows with padding. What its program holds
+  beside the (donated) states is a chunk's, whatever K: twice the rows add
+  less than one worker's state to it, and at least 50 to the whole op's."""
+  import jax
+  import numpy as np
+
+  from jaxdl.engines.events import event_functions, initial_state
+  from jaxdl.engines.sim.batches import DeviceBatches
+  from jaxdl.engines.sim.handlers import BatchArrays, handlers
+  from jaxdl.engines.sim.runner import _zero_sums, metric_names
+  from tests.helpers import make_setup
+
+  setup = make_setup(RunConfig.make(algorithm=name, **RUN))
+  batches, m, rng = DeviceBatches(setup.streams, 1), 150, np.random.default_rng(0)
+  server, workers = initial_state(setup.algorithm, jax.random.key(0), m)
+  workers = jax.tree.map(  # every worker's parameters its own
+      lambda x: x + rng.normal(0, 0.1, x.shape).astype(x.dtype)
+      if np.issubdtype(x.dtype, np.floating) else x, workers)
+  kind = "compute" if "compute" in event_functions(setup.algorithm) else "local"
+  sums = _zero_sums(metric_names(setup.problem, setup.streams.example))
+  fn = lambda m, chunk_rows: handlers(setup.algorithm, m, sum(setup.streams.batch_sizes),
+                                      batches.pad, chunk_rows)[kind]
+
+  def op(k):
+    if k == m:  # 150 = 2 x 64 + 22
+      rows, mask = np.arange(m, dtype=np.int32), rng.random(m) < 0.8
+    else:  # 136 = 2 x 64 + 8 rows, 5 of them padding (worker M)
+      rows = np.sort(rng.choice(m, k - 5, replace=False)).astype(np.int32)
+      rows, mask = np.concatenate([rows, np.full(5, m, np.int32)]), np.arange(k) < k - 5
+    index = rng.integers(0, batches.pad, (k, batches.b_max)).astype(np.int32)
+    index[~mask] = batches.pad
+    return BatchArrays(mask, rows, index, np.stack([rows, rows % 3], 1), np.int32(0))
+
+  def temp(k, chunk_rows, times):
+    """The bytes beside its arguments of the program of an op of `times` x k
+    rows, with `times` x M workers."""
+    scale = lambda x: jax.ShapeDtypeStruct(
+        (x.shape[0] * times, *x.shape[1:]) if np.ndim(x) else (), x.dtype)
+    program = jax.jit(fn(m * times, chunk_rows), donate_argnums=(0, 1)).lower(
+        server, jax.tree.map(scale, workers), sums, jax.tree.map(scale, op(k)), batches.data)
+    return program.compile().memory_analysis().temp_size_in_bytes
+
+  row = sum(x[0].nbytes for x in jax.tree.leaves(workers))  # one worker's state
+  for k in (m, 136):
+    arrays = op(k)
+    whole, chunked = (jax.device_get(jax.jit(fn(m, chunk_rows))(
+        server, workers, sums, arrays, batches.data)) for chunk_rows in (10**6, 64))
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
+      np.testing.assert_array_equal(a, b)
+    assert temp(k, 64, 2) < temp(k, 64, 1) + row  # (K metrics and batch rows grow)
+    assert temp(k, 10**6, 2) > temp(k, 10**6, 1) + 50 * row

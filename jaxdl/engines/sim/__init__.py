@@ -15,6 +15,7 @@ own functions) and `runner` (how the ops run).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,7 +34,7 @@ from jaxdl.engines import base
 from jaxdl.engines.events import EventReplay, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
-from jaxdl.engines.sim.handlers import handlers
+from jaxdl.engines.sim.handlers import CHUNK_ROWS, handlers
 from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable,
                                      metric_names, trace_gradient)
 from jaxdl.errors import ConfigError
@@ -172,11 +173,13 @@ class SimEngine(base.LocalProcess):
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int, batching: str = "auto",
-               fused_steps: int = FUSED_STEPS):
+               fused_steps: int = FUSED_STEPS, chunk_rows: int = CHUNK_ROWS):
     """`batching`: "vmap", "loop", "scan", "events" or "auto" (runner.choose_batching;
     "events" when replaying the trace of a real engine's run, whose processes
     ran `jaxdl.engines.events.EventPrograms`). `fused_steps`: the fewest steps
-    of one shape that run as one program (runner.fusable; the same bits)."""
+    of one shape that run as one program (runner.fusable; the same bits).
+    `chunk_rows`: the most workers' gradients a batched op computes at once
+    (handlers.CHUNK_ROWS; the bits of one op of them all, for the mlp)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
     if config.output.replay:
@@ -190,6 +193,10 @@ class SimEngine(base.LocalProcess):
                                partitioner)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
       self.batch_seconds = schedule.batch_seconds
+      # The same model without the random draws it cached for the schedule
+      # (with many workers, 512 a block for each worker and stream; drawn
+      # again, the same, if asked for).
+      self.cost = dataclasses.replace(self.cost)
     self._repartition(config, streams)
     self.step_ends = trace.step_ends(self.events, streams.batch_sizes)
     if len(self.step_ends) < total_steps:
@@ -227,7 +234,7 @@ class SimEngine(base.LocalProcess):
                                 batching == "loop", self.slots)
     batches = DeviceBatches(streams, sizes.batch_ops)
     self.runner = OpRunner(handlers(algorithm, self.num_workers, sum(streams.batch_sizes),
-                                    batches.pad), batching, sizes.longest, batches,
+                                    batches.pad, chunk_rows), batching, sizes.longest, batches,
                            self.metric_names, fusable(sizes.shapes, fused_steps=fused_steps))
 
   def _repartition(self, config, streams: Streams) -> None:

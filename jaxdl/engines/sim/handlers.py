@@ -74,11 +74,79 @@ def _rows(data, index):
   return jax.tree.map(lambda x: x[index], data)
 
 
+def _keep(old, new, mask):
+  """`new`'s rows where `mask`, `old`'s elsewhere (leaves `new` passed
+  through untouched)."""
+  keep = lambda n, o: n if n is o else jnp.where(
+      mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+  return jax.tree.map(keep, new, old)
+
+
+def _in_chunks(fn, workers, op, data, weights_of, chunk: int, num_workers: int):
+  """A batched op's K rows, `chunk` at a time, each chunk written into the
+  (donated) stacked `workers` before the next is computed -> (workers, the
+  rows' metrics). What the op holds beside the states is then a chunk's
+  gradients and activations, whatever K (asp's 1,024 workers on the mlp:
+  14 MB, against 166 MB for the op computed whole; BENCHMARKS.md).
+
+  K = M (`num_workers`): chunks are contiguous slices of the states, rows
+  kept where `op.mask`; else the chunk's rows are gathered and scattered
+  back (padding rows, worker M, dropped). Every chunk has `chunk` rows, a
+  last one too (it overlaps the one before; only its rows not yet written
+  are): XLA's CPU code rounded the mlp's vmapped gradient of fewer than 64
+  rows otherwise than one of more, and chunks of 64 gave each row the bits
+  of the op computed whole, from 100 to 1,024 rows
+  (`tests/engines/test_sim.py`)."""
+  k = op.mask.shape[0]
+  every_worker = k == num_workers
+
+  def part(start, skip, workers, metrics):
+    """Rows start, ..., start + chunk - 1, the first `skip` already written."""
+    take = lambda x: lax.dynamic_slice_in_dim(x, start, chunk)
+    index, fresh = take(op.index), jnp.arange(chunk) >= skip
+    batch = Batch(_rows(data, index), weights_of(index), take(op.ids))
+    if every_worker:
+      taken = jax.tree.map(take, workers)
+      new, values = fn(taken, batch)
+      new = _keep(taken, new, take(op.mask) & fresh)
+      workers = jax.tree.map(
+          lambda x, n, o: x if n is o else lax.dynamic_update_slice_in_dim(x, n, start, 0),
+          workers, new, taken)
+    else:
+      rows = jnp.where(fresh, take(op.rows), num_workers)
+      taken = _gather(workers, rows)
+      new, values = fn(taken, batch)
+      workers = _scatter(workers, rows, new, taken)
+    metrics = {name: lax.dynamic_update_slice_in_dim(
+        v, jnp.where(fresh, values[name], take(v)), start, 0) for name, v in metrics.items()}
+    return workers, metrics
+
+  def shapes(workers):
+    index = op.index[:chunk]
+    batch = Batch(_rows(data, index), weights_of(index), op.ids[:chunk])
+    return fn(jax.tree.map(lambda x: x[:chunk], workers), batch)[1]
+  metrics = {name: jnp.zeros((k, *v.shape[1:]), v.dtype)
+             for name, v in jax.eval_shape(shapes, workers).items()}
+
+  def body(i, carry):
+    start = jnp.minimum(i * chunk, k - chunk)
+    return part(start, i * chunk - start, *carry)
+  return lax.fori_loop(0, -(-k // chunk), body, (workers, metrics))
+
+
+CHUNK_ROWS = 64
+"""A batched op of more rows computes them this many at a time (`_in_chunks`):
+a program of as many rows as before for every op of up to 64 rows (any run
+of at most 64 workers: the same programs, the same bits), and one whose
+rows round as the whole op's for the mlp."""
+
+
 def handlers(algorithm: Shape, num_workers: int, global_batch: int,
-             pad: int) -> dict[str, Callable]:
+             pad: int, chunk_rows: int = CHUNK_ROWS) -> dict[str, Callable]:
   """Each op kind's handler (see the module's docstring). An example's
   weight is 1/B (`global_batch`), a padding row's (index `pad`) 0: batches
-  of any size, whatever the partition of B at their step."""
+  of any size, whatever the partition of B at their step. A batched op of
+  more than `chunk_rows` rows computes them `chunk_rows` at a time."""
   weight = np.float32(1.0 / global_batch)
   weights_of = lambda index: jnp.where(index == pad, jnp.float32(0.0), weight)
   add = lambda sums, values, count: ({k: v + values[k] for k, v in sums[0].items()},
@@ -106,16 +174,16 @@ def handlers(algorithm: Shape, num_workers: int, global_batch: int,
 
     def run(server, workers, sums, op, data):
       weights = weights_of(op.index)
-      batch = Batch(_rows(data, op.index), weights, op.ids)
       share = weights.sum(axis=1)  # metric shares -> each worker's own means
-      if op.mask.shape[0] == num_workers:
-        new, metrics = fn(workers, batch)
-        keep = lambda n, o: n if n is o else jnp.where(
-            op.mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
-        workers = jax.tree.map(keep, new, workers)
+      if op.mask.shape[0] > chunk_rows:
+        workers, metrics = _in_chunks(fn, workers, op, data, weights_of, chunk_rows,
+                                      num_workers)
+      elif op.mask.shape[0] == num_workers:
+        new, metrics = fn(workers, Batch(_rows(data, op.index), weights, op.ids))
+        workers = _keep(workers, new, op.mask)
       else:
         taken = _gather(workers, op.rows)
-        new, metrics = fn(taken, batch)
+        new, metrics = fn(taken, Batch(_rows(data, op.index), weights, op.ids))
         workers = _scatter(workers, op.rows, new, taken)
       share = jnp.where(op.mask, share, 1.0)  # a worker not computing: no batch
       means = {k: jnp.sum(v / share * op.mask) for k, v in metrics.items()}
