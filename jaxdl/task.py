@@ -16,7 +16,8 @@ modules become `init`/`apply` pairs with `from_linen` and `from_nnx`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+import functools
+from typing import Any, Callable, Hashable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +100,14 @@ class Task:
                         f"in order); got {type(self.test).__name__}")
       object.__setattr__(self, "test", test)
 
+  def init_shapes(self):
+    """``init``'s (params, model_state) as shapes and dtypes (nothing
+    allocated): traced once per initializer, however many parts of a run
+    ask (tracing builds the model: tens of ms even for the mlp)."""
+    if not isinstance(self.init, Hashable):  # e.g. an instance of a mutable dataclass
+      return jax.eval_shape(self.init, jax.random.key(0))
+    return _abstract(self.init)
+
   def evaluation(self, params, model_state, batch: Fields) -> Metrics:
     """The evaluated metrics of one test batch (means over its examples)."""
     if self.evaluate is not None:
@@ -114,6 +123,11 @@ class Task:
   def target_metric(self) -> str:
     """The summary's name of the target metric."""
     return f"test_{self.target}"
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract(init):
+  return jax.eval_shape(init, jax.random.key(0))
 
 
 def weighted_cross_entropy(logits_BxK, labels_B, weights_B) -> jax.Array:

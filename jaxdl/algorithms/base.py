@@ -101,7 +101,7 @@ class Problem:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self._param_shapes()))
 
   def _param_shapes(self):
-    return jax.eval_shape(lambda: self.task.init(jax.random.key(0))[0])
+    return self.task.init_shapes()[0]
 
   @property
   def compresses(self) -> bool:
@@ -157,7 +157,7 @@ class Problem:
     fields, weights, ids = streams.stacked_batches([(0, 0)])
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                          Batch(fields, weights, ids))
-    params, model_state = jax.eval_shape(task.init, jax.random.key(0))
+    params, model_state = task.init_shapes()
     try:
       out = jax.eval_shape(lambda p, s, b: self.task_loss(p, s, b, WorkerAxis(1)), params,
                            model_state, batch)

@@ -200,7 +200,7 @@ def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
   from jaxdl.engines.events import event_functions, initial_state
   from jaxdl.engines.sim.batches import DeviceBatches
   from jaxdl.engines.sim.handlers import BatchArrays, handlers
-  from jaxdl.engines.sim.runner import _zero_sums, metric_names
+  from jaxdl.engines.sim.runner import _zero_sums, metric_names, trace_gradient
   from tests.helpers import make_setup
 
   setup = make_setup(RunConfig.make(algorithm=name, **RUN))
@@ -210,7 +210,7 @@ def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
       lambda x: x + rng.normal(0, 0.1, x.shape).astype(x.dtype)
       if np.issubdtype(x.dtype, np.floating) else x, workers)
   kind = "compute" if "compute" in event_functions(setup.algorithm) else "local"
-  sums = _zero_sums(metric_names(setup.problem, setup.streams.example))
+  sums = _zero_sums(metric_names(trace_gradient(setup.problem, setup.streams.example, 1)))
   fn = lambda m, chunk_rows: handlers(setup.algorithm, m, sum(setup.streams.batch_sizes),
                                       batches.pad, chunk_rows)[kind]
 

@@ -223,12 +223,13 @@ class SimEngine(base.LocalProcess):
       raise ConfigError("replay", config.output.replay,
                         "a trace whose restarted workers' copies replay one event at a time: "
                         "leave its config.json beside it (it names the real engine)")
-    self.metric_names = metric_names(problem, streams.example)
+    traced = trace_gradient(problem, streams.example, 1)  # shapes alone, traced once
+    self.metric_names = metric_names(traced)
     if batching == "events":
       self.batching, self.runner = batching, EventReplay(algorithm, streams, config.cluster.servers)
       return
     if batching == "auto":
-      batching = choose_batching(problem, streams.example, streams.capacity)
+      batching = choose_batching(traced)
     self.batching = batching
     sizes = planning.plan_sizes(self.events, self.step_ends[:total_steps], self.num_workers,
                                 batching == "loop", self.slots)

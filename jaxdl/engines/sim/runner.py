@@ -50,7 +50,7 @@ in 4 steps made 5-epoch runs of 8 workers 1.5-3 x slower in CPU time."""
 def trace_gradient(problem: Problem, example: dict, batch: int):
   """One worker's gradient on a `batch`-example batch of fields like
   `example`'s, traced on abstract values (nothing allocated, nothing compiled)."""
-  params, model_state = jax.eval_shape(problem.init_model, jax.random.key(0))
+  params, model_state = problem.task.init_shapes()
   fields = {k: jax.ShapeDtypeStruct((batch, *np.shape(v)[1:]), np.asarray(v).dtype)
             for k, v in example.items()}
   x = Batch(fields, jax.ShapeDtypeStruct((batch,), jnp.float32),
@@ -59,13 +59,15 @@ def trace_gradient(problem: Problem, example: dict, batch: int):
   return jax.jit(grad).trace(params, model_state, x)
 
 
-def metric_names(problem: Problem, example: dict) -> tuple[str, ...]:
-  """The names of the metrics a worker's gradient reports (the loss and the task's)."""
-  return tuple(sorted(trace_gradient(problem, example, 1).out_info[2]))
+def metric_names(traced) -> tuple[str, ...]:
+  """The names of the metrics a worker's gradient reports (the loss and the
+  task's), from its trace (`trace_gradient`, of any batch size)."""
+  return tuple(sorted(traced.out_info[2]))
 
 
-def choose_batching(problem: Problem, example: dict, batch: int) -> str:
-  """"loop" on the CPU for models with convolutions, else "vmap" (see above).
+def choose_batching(traced) -> str:
+  """"loop" on the CPU for models with convolutions, else "vmap" (see above),
+  from the gradient's trace (`trace_gradient`, of any batch size).
 
   A rule on the program's structure rather than a timing at setup: the two
   ways round differently, and a run, its resume and its replay must give
@@ -73,7 +75,7 @@ def choose_batching(problem: Problem, example: dict, batch: int) -> str:
   """
   if jax.default_backend() != "cpu":
     return "vmap"
-  jaxpr = trace_gradient(problem, example, batch).jaxpr
+  jaxpr = traced.jaxpr
   return "loop" if _has_primitive(jaxpr.jaxpr, "conv_general_dilated") else "vmap"
 
 
