@@ -382,3 +382,35 @@ def test_a_zoo_classifier_is_named_by_its_data_and_model():
   assert (task.name, task.target, task.higher_is_better) == ("images/mlp", "accuracy", True)
   assert task.train is None and task.test is None and task.weighted
   assert classification(model, DIGITS).name == "digits/mlp"  # with its data: named by both
+
+
+def test_init_shapes_traces_an_initializer_once():
+  """A task's (params, model_state) shapes are its initializer's, traced
+  once however many parts of a run ask; an initializer that cannot be
+  hashed (an instance of a mutable dataclass) is traced each time."""
+  traces = []
+
+  def init(key):
+    traces.append(key)
+    return {"w": jax.random.normal(key, (3, 2))}, {"count": jnp.zeros((), jnp.int32)}
+
+  task = jaxdl.Task(init=init, loss=lambda *a, **k: None)
+  shapes = task.init_shapes()
+  assert task.init_shapes() is shapes and len(traces) == 1
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), shapes) == (
+      {"w": ((3, 2), jnp.float32)}, {"count": ((), jnp.int32)})
+
+  @dataclasses.dataclass
+  class Init:  # eq=True, not frozen: unhashable
+    calls: int = 0
+
+    def __call__(self, key):
+      self.calls += 1
+      return init(key)
+
+  unhashable = Init()
+  other = jaxdl.Task(init=unhashable, loss=lambda *a, **k: None)
+  assert jax.tree.map(lambda x: x.shape, other.init_shapes()) == jax.tree.map(
+      lambda x: x.shape, shapes)
+  other.init_shapes()
+  assert unhashable.calls == 2
