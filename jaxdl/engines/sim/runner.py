@@ -75,8 +75,7 @@ def choose_batching(traced) -> str:
   """
   if jax.default_backend() != "cpu":
     return "vmap"
-  jaxpr = traced.jaxpr
-  return "loop" if _has_primitive(jaxpr.jaxpr, "conv_general_dilated") else "vmap"
+  return "loop" if _has_primitive(traced.jaxpr.jaxpr, "conv_general_dilated") else "vmap"
 
 
 def _has_primitive(jaxpr, name: str) -> bool:
