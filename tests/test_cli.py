@@ -116,6 +116,7 @@ def test_unwritable_out_is_refused_even_as_root(tmp_path, capsys):
   assert blocker.read_text() == "not a dir"
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
   result = _jaxdl("run", "--dataset", "nope", "--out", str(tmp_path / "r"))
   assert result.returncode == 2
@@ -134,6 +135,7 @@ def test_config_flag_reruns_a_run(tmp_path, capsys):
   assert b["seed"] == 7 and a["params_fingerprint"] == b["params_fingerprint"]
 
 
+@pytest.mark.slow
 def test_config_flag_keeps_the_algorithms_settings(tmp_path, capsys):
   args = ["--model", "mlp", "--steps", "4", "--no-progress", "--algorithm", "ssp",
           "--workers", "2", "--staleness-bound", "1"]
@@ -180,6 +182,7 @@ def _killed_and_resumed(out: Path, args: list[str], after_checkpoint: int) -> di
   return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_ends_with_the_uninterrupted_fingerprint(tmp_path):
   args = ["--model", "mlp", "--steps", "3000", "--checkpoint-every", "100",
           "--log-every", "100", "--no-progress"]

@@ -175,6 +175,7 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
     assert cells["model"].overrides["microbatches"] == 1
 
 
+@pytest.mark.slow
 def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
   out = tmp_path / "cmp"
   args = ["compare", "--out", str(out), "--algorithms", "asp", "--workers", "2", "--jobs", "1",

@@ -100,6 +100,7 @@ FUZZ = settings(max_examples=30, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(argv=flags(RUN_FLAGS, 4), config=st.one_of(st.none(), CONFIG), existing=st.booleans())
 def test_run_ends_with_0_or_2_and_keeps_an_existing_run(finished, argv, config, existing):

@@ -51,7 +51,9 @@ def _wait(predicate, seconds: float) -> bool:
   return predicate()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+                                    signal.SIGTERM,
+                                    pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
   out = tmp_path / "cmp"
@@ -141,6 +143,7 @@ def test_a_signal_in_a_finalizer_is_deferred_not_lost():
   assert seen == [True] and not _in_finalizer(sys._getframe())
 
 
+@pytest.mark.slow
 def test_a_stopped_cell_ends_its_process(tmp_path):
   """compare's SIGTERM to a pool process running a cell ends that process
   at once: it never goes back to the pool's call queue, which the stop of

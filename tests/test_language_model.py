@@ -13,6 +13,7 @@ LM = dict(dataset="python_docs", model="transformer", batch_size=32, optimizer="
           lr=3e-3, schedule="constant", progress=False)
 
 
+@pytest.mark.slow
 def test_the_transformer_beats_the_unigram_baseline(tmp_path):
   summary = jaxdl.run(RunConfig.make(steps=150, out=str(tmp_path / "lm"), **LM))
   assert summary["target_metric"] == "test_nats_per_char" and not summary["higher_is_better"]

@@ -9,9 +9,11 @@ import pytest
 from jaxdl.config import OptimConfig
 from jaxdl.errors import ConfigError
 from jaxdl.optim import OPTIMIZERS, make_optimizer, make_schedule
+from tests import marks
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS.names())
+# sgd, adam(w), nadam(w), the layer-wise lamb and lars, and lion by default
+@pytest.mark.parametrize("name", marks.default_first(OPTIMIZERS.names(), keep=8))
 def test_every_optimizer_descends_a_quadratic(name):
   cfg = OptimConfig(optimizer=name, lr=0.01, schedule="constant")
   tx = make_optimizer(cfg, total_steps=200, steps_per_epoch=10)

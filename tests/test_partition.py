@@ -213,6 +213,7 @@ def test_adaptive_steps_stay_near_the_ideal_where_equal_batches_take_twice_it(tm
   assert time["adaptive"] < 1.15 * ideal and time["proportional"] < 1.15 * ideal
 
 
+@pytest.mark.slow
 def test_a_compare_grid_of_partitions_reports_idle_workers_and_batch_times(tmp_path):
   """`jaxdl compare` over ar_sgd and ar_sgd_adaptive: the report's partition
   table (idle share, time per epoch) and the per-worker batch-time histograms."""

@@ -13,6 +13,7 @@ from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams, load_dataset
 from jaxdl.errors import ConfigError
 from jaxdl.runner import setup
+from tests import marks
 
 # A short run: 2 epochs of the MLP on digits (44 steps of 32 examples each).
 QUICK = dict(model="mlp", epochs=2, progress=False, log_every=10)
@@ -83,6 +84,7 @@ def test_same_seed_same_fingerprint_other_seed_differs(tmp_path):
   assert c["params_fingerprint"] != a["params_fingerprint"]
 
 
+@pytest.mark.slow
 def test_rerun_from_config_json(tmp_path):
   first = jaxdl.run(RunConfig.make(out=str(tmp_path / "a"), **QUICK))
   config = RunConfig.load(str(tmp_path / "a" / "config.json")).replace(out=str(tmp_path / "b"))
@@ -165,7 +167,7 @@ def test_default_run_reaches_95_percent_on_digits(tmp_path):
   assert summary["test_accuracy"] >= 0.95
 
 
-@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd"])
+@pytest.mark.parametrize("algorithm", marks.default_first(["bsp", "ar_sgd", "local_sgd"]))
 def test_synchronous_runs_report_their_layout_and_traffic(tmp_path, algorithm):
   summary = jaxdl.run(RunConfig.make(out=str(tmp_path / algorithm), algorithm=algorithm,
                                      workers=16, batch_size=4, **QUICK))
@@ -178,7 +180,7 @@ def test_synchronous_runs_report_their_layout_and_traffic(tmp_path, algorithm):
   assert summary["test_accuracy"] > 0.5
 
 
-@pytest.mark.parametrize("engine, workers", [("mesh", 2), ("sim", 4)])
+@pytest.mark.parametrize("engine, workers", marks.default_first([("mesh", 2), ("sim", 4)]))
 def test_time_and_cost_to_a_target(tmp_path, engine, workers):
   """--target-accuracy: the first evaluation in metrics.jsonl at or above
   it (its step, epoch and time: the sim's simulated clock at that step, read

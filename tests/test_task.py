@@ -19,6 +19,7 @@ from jaxdl.cli import main
 from jaxdl.config import RunConfig
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.fingerprint import fingerprint
+from tests import marks
 
 SEED, FEATURES = 3, 5
 W_TRUE = np.random.default_rng(0).normal(size=(FEATURES,)).astype(np.float32)
@@ -91,7 +92,7 @@ def hand_written_loop(steps: int, lr: float) -> dict:
   return jax.device_get(params)
 
 
-@pytest.mark.parametrize("engine", ["mesh", "sim"])
+@pytest.mark.parametrize("engine", [marks.slow("mesh"), "sim"])
 def test_sgd_on_a_linen_task_is_the_hand_written_optax_loop(tmp_path, engine):
   flags = {"compute_time": 1e-3} if engine == "sim" else {}
   summary = run(tmp_path, algorithm="sgd", engine=engine, **flags)
@@ -123,7 +124,13 @@ def _initial_test_loss() -> float:
   return float(task().evaluation(params, model_state, TEST)["loss"])
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+# tests/algorithms/test_common.py trains every algorithm; here a few on a
+# script's own task: synchronous, asynchronous parameter servers, gossip.
+TASK_ALGORITHMS = {"sgd", "local_sgd", "ssp", "dc_asgd", "ad_psgd"}
+
+
+@pytest.mark.parametrize("algorithm", [
+    name if name in TASK_ALGORITHMS else marks.slow(name, id=name) for name in sorted(ALGORITHMS)])
 def test_every_algorithm_trains_the_task(tmp_path, algorithm):
   flags = dict(workers=1 if algorithm == "sgd" else 4, engine="sim", compute_time=1e-3,
                jitter=0.2, steps=60)
@@ -132,6 +139,7 @@ def test_every_algorithm_trains_the_task(tmp_path, algorithm):
   assert summary["test_loss"] < 0.25 * _initial_test_loss(), summary["test_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd"])
 def test_collective_algorithms_run_the_task_on_the_mesh_as_on_the_sim(tmp_path, algorithm):
   mesh = run(tmp_path, "mesh", algorithm=algorithm, workers=4, engine="mesh")
@@ -237,6 +245,7 @@ def test_a_task_name_on_the_command_line_is_refused(capsys):
                         "`jaxdl list`"), err
 
 
+@pytest.mark.slow
 def test_the_custom_task_example_prints_its_loss_falling(tmp_path, capsys, monkeypatch):
   import importlib.util
   import sys

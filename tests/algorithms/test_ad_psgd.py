@@ -3,6 +3,7 @@ import chex
 import jax
 import numpy as np
 import optax
+import pytest
 
 from jaxdl.algorithms import Problem, ad_psgd
 from jaxdl.config import RunConfig
@@ -25,6 +26,7 @@ def test_ad_psgd_averaging_preserves_the_mean():
   chex.assert_trees_all_equal(a2.params, b2.params)
 
 
+@pytest.mark.slow
 def test_batch_norm_statistics_are_averaged_and_kept_with_the_model():
   engine = make_setup(CONFIG.replace(model="cnn_bn"), total_steps=4).engine
   initial = jax.device_get(engine.init(jax.random.key(0)).workers.model_state)

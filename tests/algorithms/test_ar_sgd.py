@@ -3,15 +3,19 @@ import pytest
 
 from jaxdl.config import RunConfig, batch_sizes
 from jaxdl.errors import ConfigError
+from tests import marks
 from tests.helpers import assert_m_workers_equal_one
 
 
-@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["momentum", marks.slow("adam", id="adam")])
 def test_m_workers_equal_one_worker_on_the_concatenated_batch(optimizer):
   engine = assert_m_workers_equal_one("ar_sgd", [8, 8, 8, 8], optimizer)
   assert engine.mesh.devices.size == 4 and engine.axis.local_size == 1
 
 
+# With the slow cases: by default two workers per device are checked on bsp
+# (test_bsp.py), unequal padded batches below.
+@pytest.mark.slow
 def test_more_workers_than_devices_and_unequal_batches():
   # 16 workers on 8 devices, two per device, unequal batches padded to 6.
   sizes = [6, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 2, 2, 3, 4]
@@ -39,7 +43,7 @@ def test_batch_sizes_from_worker_speeds():
     batch_sizes(config.replace(batch_sizes=(1, 2)))
 
 
-@pytest.mark.parametrize("sync_bn", [False, True])
+@pytest.mark.parametrize("sync_bn", [False, marks.slow(True, id="True")])
 def test_batch_statistics_are_each_workers_own_unless_synchronized(sync_bn):
   """After a step on different batches, two workers' batch-norm statistics
   differ (each its own batch's), and with --sync-bn they are the same (all

@@ -17,6 +17,7 @@ from jaxdl.algorithms.shapes import Collective
 from jaxdl.models import build_model
 from jaxdl.task import classification
 from jaxdl.models.layers import BatchNorm, BatchStats
+from tests import marks
 
 RUN = dict(model="mlp", epochs=1, workers=4, batch_size=8, progress=False,
            schedule="constant", momentum=0.0, lr=0.1, jitter=0.3)
@@ -96,7 +97,8 @@ def test_the_refusal_names_the_flag_and_the_algorithm():
     async_bn.wrap(bsp, problem, 0.9, "bsp")
 
 
-@pytest.mark.parametrize("name,flags", [("lc_asgd", {}), ("easgd", {"communication_period": 2})])
+@pytest.mark.parametrize("name,flags", [marks.slow("lc_asgd", {}, id="lc_asgd-flags0"),
+                                        ("easgd", {"communication_period": 2})])
 def test_async_bn_changes_only_the_evaluated_statistics(tmp_path, name, flags):
   """Batch norm trains on the batch's own statistics either way: the
   parameters, and the algorithm's own figures (LC-ASGD's predictor errors),
@@ -129,6 +131,7 @@ def test_lc_asgd_is_built_from_the_pieces_given():
       default.init_server(key))
 
 
+@pytest.mark.slow
 def test_an_async_bn_worker_reports_its_batch_statistics_whatever_it_held():
   """With Async-BN a worker's batch-norm state after a gradient is its
   batch's statistics (momentum 0): what it held before does not enter;

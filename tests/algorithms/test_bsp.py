@@ -4,10 +4,11 @@ import pytest
 
 from jaxdl.config import RunConfig, validate
 from jaxdl.errors import ConfigError
+from tests import marks
 from tests.helpers import assert_m_workers_equal_one
 
 
-@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["momentum", marks.slow("adam", id="adam")])
 def test_m_workers_equal_one_worker_on_the_concatenated_batch(optimizer):
   engine = assert_m_workers_equal_one("bsp", [8, 8, 8, 8], optimizer)
   assert engine.mesh.devices.size == 4 and engine.axis.local_size == 1
@@ -39,6 +40,9 @@ def test_adamw_with_weight_decay_reads_the_servers_own_slice():
   assert_m_workers_equal_one("bsp", [8, 8, 8, 8], "adamw", steps=5)
 
 
+# With the slow cases: by default synchronized batch norm over padded
+# batches is checked on ar_sgd (test_ar_sgd.py).
+@pytest.mark.slow
 def test_synchronized_batch_norm_on_bsp_is_one_worker_on_the_whole_batch():
   assert_m_workers_equal_one("bsp", [4, 4], "momentum", model="cnn_bn", steps=1, sync_bn=True,
                              atol=2e-6)

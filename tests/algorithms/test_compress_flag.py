@@ -18,6 +18,7 @@ import jaxdl
 from jaxdl.algorithms import WorkerAxis
 from jaxdl.config import RunConfig
 from jaxdl.engines.events import one_batch
+from tests import marks
 from tests.helpers import leaves, make_setup, train
 
 SIM = dict(model="mlp", engine="sim", schedule="constant", batch_size=16)
@@ -34,7 +35,7 @@ def evaluated(config: RunConfig, steps: int):
   return engine.evaluated(train(engine, steps)[0])
 
 
-@pytest.mark.parametrize("algorithm", ["bsp", "asp", "lc_asgd"])
+@pytest.mark.parametrize("algorithm", marks.default_first(["bsp", "asp", "lc_asgd"]))
 def test_topk_of_everything_is_no_compression(algorithm):
   """topk:1 sends every coordinate and keeps a zero residual: the run of no
   compression, to the bit (a -0.0 gradient becomes +0.0 in g + e, which
@@ -47,6 +48,10 @@ def test_topk_of_everything_is_no_compression(algorithm):
     np.testing.assert_array_equal(a, b)
 
 
+# By default, ar_sgd's compressed step is checked against numpy
+# (test_ar_sgd_topk_is_error_feedback_per_worker_written_out), EASGD's and
+# DiLoCo's by hand (below and tests/algorithms/test_diloco.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ar_sgd", "easgd", "diloco"])
 def test_topk_of_everything_is_no_compression_up_to_rounding(algorithm):
   """The same for ar_sgd (whose workers are vmapped in one program) and
@@ -63,6 +68,7 @@ def test_topk_of_everything_is_no_compression_up_to_rounding(algorithm):
                               rtol=1e-5, atol=1e-7 if algorithm == "diloco" else 1e-8)
 
 
+@pytest.mark.slow  # by default: test_local_sgd_sends_differences_from_the_last_average_written_out
 def test_local_sgd_topk_of_everything_averages_the_models():
   """x_ref + sum_k (b_k / B)(x_k - x_ref) is the weighted mean of the models,
   up to rounding."""
@@ -173,9 +179,9 @@ def test_an_elastic_exchange_sends_the_compressed_difference():
   np.testing.assert_array_equal(center.params["w"] + worker.params["w"], x["w"] + w["w"])
 
 
-@pytest.mark.parametrize("algorithm,compress", [("ar_sgd", "randk:0.1"),
+@pytest.mark.parametrize("algorithm,compress", [marks.slow("ar_sgd", "randk:0.1"),
                                                 ("bsp", "powersgd:1"),
-                                                ("local_sgd", "qsgd:4")])
+                                                marks.slow("local_sgd", "qsgd:4")])
 def test_the_mesh_engine_compresses_as_the_sim_engine(algorithm, compress):
   """Each worker's own residual, memory and draws on its own device (4 of the
   8 CPU devices) give the sim engine's vmapped workers' result."""
@@ -189,6 +195,9 @@ def test_the_mesh_engine_compresses_as_the_sim_engine(algorithm, compress):
   assert not np.allclose(leaves(plain)[0], leaves(results[1])[0], rtol=1e-3, atol=1e-5)
 
 
+# By default: ar_sgd's compressed step against numpy (above), and top-k 1% with
+# error feedback converging, without it not (tests/algorithms/test_compression.py).
+@pytest.mark.slow
 def test_ar_sgd_trains_with_topk_of_one_percent():
   """1% of each leaf a step, with error feedback, still trains the mlp on
   digits: measured, the last 10 steps' mean loss is 0.19 after 100 (2.3 at
@@ -207,10 +216,10 @@ RESUME = dict(model="mlp", steps=12, workers=4, batch_size=8, progress=False,
 
 # Every compressor's state travels as the worker's `outbox` whatever the
 # algorithm (gosgd's and ad_psgd's as their pairwise links): the default run
-# resumes a key-drawing compressor's (randk), PowerSGD's Q and a gossip
-# worker's references; the others run with the slow cases.
+# resumes PowerSGD's Q and residual; a key-drawing compressor's (randk), a
+# gossip worker's references and the others run with the slow cases.
 @pytest.mark.parametrize("algorithm,compress", [
-    ("ar_sgd", "randk:0.05"), ("asp", "powersgd:1"), ("gosgd", "randk:0.05"),
+    ("asp", "powersgd:1"), marks.slow("ar_sgd", "randk:0.05"), marks.slow("gosgd", "randk:0.05"),
     pytest.param("local_sgd", "qsgd:4", marks=pytest.mark.slow),
     pytest.param("easgd", "topk:0.05", marks=pytest.mark.slow),
     pytest.param("diloco", "topk:0.05", marks=pytest.mark.slow),
@@ -259,7 +268,7 @@ def test_bsp_pushes_are_compressed_and_pulls_whole(tmp_path):
   assert summary["bytes_communicated_per_step"] == 4 * (TOPK_BYTES + MODEL_BYTES)
 
 
-@pytest.mark.parametrize("algorithm", ["asp", "easgd"])
+@pytest.mark.parametrize("algorithm", ["asp", marks.slow("easgd")])
 def test_asynchronous_runs_send_fewer_bytes_in_less_time(tmp_path, algorithm):
   """A push of 4,088 bytes instead of 203,304 on 1 Gbps: about half the bytes
   (the pull, the server's model, stays whole) and an earlier end for the

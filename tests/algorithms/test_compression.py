@@ -13,6 +13,7 @@ from jaxdl.algorithms.compression import (COMPRESSORS, CompressSpec, compress, c
                                           init_memory, kept, message_bytes, parse_compress, qsgd,
                                           qsgd_variance_bound, random_k, scaled_sign, top_k)
 from jaxdl.errors import ConfigError
+from tests import marks
 
 RNG = np.random.default_rng(0)
 # a dense kernel, a conv kernel (3 x 3 x 2 -> 4: an 18 x 4 matrix) and a bias
@@ -165,7 +166,7 @@ def test_power_sgd_recovers_from_a_zero_gradient():
 
 # -- error feedback: nothing lost ---------------------------------------------
 
-@pytest.mark.parametrize("spec", LOSSY)
+@pytest.mark.parametrize("spec", [marks.slow(s) if s == "qsgd:2" else s for s in LOSSY])
 def test_the_residual_accounts_for_every_dropped_coordinate(spec):
   grads = _grads(6)
   sent, state = _run(compression(spec, seed=2), grads)
@@ -178,7 +179,7 @@ def test_the_residual_accounts_for_every_dropped_coordinate(spec):
       assert np.abs(residual).max() > 0.05
 
 
-@pytest.mark.parametrize("unbiased,grows", [(True, True), (False, False)])
+@pytest.mark.parametrize("unbiased,grows", [marks.slow(True, True), (False, False)])
 def test_qsgd_is_damped_into_a_contraction_under_error_feedback(unbiased, grows):
   # e <- x - C(x), x = g + e. Undamped QSGD with 2 levels on 1,000 coordinates
   # has E||x - Q(x)||^2 up to omega ||x||^2, omega = sqrt(d) / s ~ 16: the
@@ -259,7 +260,8 @@ def _least_squares(spec, error_feedback=True, steps=2500, lr=0.005):
   return float(loss(params))  # 100.3 at the start, 0.0135 with plain SGD
 
 
-@pytest.mark.parametrize("spec", ["topk:0.01", "randk:0.01", "qsgd:2", "sign", "powersgd:1"])
+@pytest.mark.parametrize("spec", ["topk:0.01", marks.slow("randk:0.01"), marks.slow("qsgd:2"),
+                                  "sign", "powersgd:1"])
 def test_a_chain_with_sgd_solves_least_squares(spec):
   assert _least_squares(spec) < 0.05
 
@@ -278,7 +280,8 @@ def test_before_or_after_sgd_at_a_constant_rate_is_the_same(spec):
                before, after)
 
 
-@pytest.mark.parametrize("spec", LOSSY)
+# topk and sign by default; the seed's draws: test_the_key_advances_each_step_and_the_seed_replays
+@pytest.mark.parametrize("spec", [s if s in ("topk:0.1", "sign") else marks.slow(s) for s in LOSSY])
 def test_jitted_update_matches_eager_compiles_once_and_replays(spec):
   tx, traces = compression(spec, seed=3), []
 

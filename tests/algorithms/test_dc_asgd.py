@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import jaxdl
 from jaxdl import algorithms
@@ -34,6 +35,9 @@ def test_one_dc_asgd_server_update_by_hand():
   assert int(new.version) == 1
 
 
+# Five runs, with the slow cases: by default the update is checked by hand
+# above, and one worker against the optax loop in test_shapes.py.
+@pytest.mark.slow
 def test_zero_lambda_or_one_worker_is_asp(tmp_path):
   asp = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "asp"), **RUN))
   off = jaxdl.run(RunConfig.make(algorithm="dc_asgd", out=str(tmp_path / "off"),

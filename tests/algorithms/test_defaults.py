@@ -44,6 +44,9 @@ def test_a_recipe_holds_for_its_own_optimizer_only():
   assert (plain.optimizer, plain.weight_decay) == ("sgd", 0.0)
 
 
+# An 8-worker run of a full epoch, with the slow cases (asp learns by default
+# in tests/algorithms/test_common.py).
+@pytest.mark.slow
 def test_asp_with_its_defaults_trains_at_8_workers(tmp_path):
   # With lr 0.05 and momentum 0.9 for every push it ended at 0.11 (diverged).
   summary = jaxdl.run(RunConfig.make(algorithm="asp", workers=8, progress=False,

@@ -25,6 +25,7 @@ def test_the_loss_rollout_is_capped_at_twice_the_workers_unless_set():
   assert default_pieces(LCSettings(lc_max_delay=3), 4).losses.max_delay == 3
 
 
+@pytest.mark.slow
 def test_workers_keep_their_batch_norm_statistics():
   import jax
   import numpy as np

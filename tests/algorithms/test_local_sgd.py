@@ -10,6 +10,7 @@ from tests.helpers import leaves, make_engine, train
 BASE = dict(workers=4, model="mlp", schedule="constant", lr=0.1, momentum=0.0)
 
 
+@pytest.mark.slow  # by default: test_local_sgd_evaluates_the_mean_model_and_can_sync_batch_norm
 def test_local_sgd_with_period_one_and_plain_sgd_is_ar_sgd():
   local = make_engine(RunConfig.make(algorithm="local_sgd", communication_period=1, **BASE))
   ar = make_engine(RunConfig.make(algorithm="ar_sgd", **BASE))

@@ -32,6 +32,7 @@ from jaxdl.algorithms import (ALGORITHMS, SHAPES, Centralized, Collective, Decen
 from jaxdl.config import RunConfig
 from jaxdl.runner import Setup, setup
 from jaxdl.trace import Event, write_trace
+from tests import marks
 from tests.helpers import train, zoo_model
 
 CONFIG = RunConfig.make(model="mlp", schedule="constant", batch_size=16, engine="sim")
@@ -56,6 +57,17 @@ ONE_WORKER = {"diloco": dict(inner_steps=1, outer_optimizer="sgd", outer_lr=1.0,
 def names(shape: type) -> list[str]:
   """The registered algorithms of `shape`."""
   return [name for name in ALGORITHMS if ALGORITHMS.get(name).shape is shape]
+
+
+def cases(shape: type, default: set, optimizers: bool = False) -> list:
+  """The parametrization over `shape`'s algorithms (by optimizer, each name
+  with each of RULES): the cases in `default` run by default, a
+  representative few; the others with the slow ones."""
+  if not optimizers:
+    return [name if name in default else marks.slow(name, id=name) for name in names(shape)]
+  return [(name, optimizer) if (name, optimizer) in default
+          else marks.slow(name, optimizer, id=f"{name}-{optimizer}")
+          for name in names(shape) for optimizer in sorted(RULES)]
 
 
 def test_every_registered_algorithm_has_a_shape_checked_here():
@@ -109,8 +121,8 @@ def _differs(a, b) -> bool:
 # Collective ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("optimizer", sorted(RULES))
-@pytest.mark.parametrize("name", names(Collective))
+@pytest.mark.parametrize("name,optimizer", cases(
+    Collective, {("ar_sgd", "adam"), ("ar_sgd", "momentum"), ("bsp", "momentum")}, True))
 def test_collective_one_worker_is_the_sequential_optax_loop(tmp_path, name, optimizer):
   steps = 5
   events = [Event(float(t), "step", -1, t) for t in range(steps)]
@@ -133,8 +145,8 @@ def _zero_delay(iterations: int) -> list[Event]:
   return events
 
 
-@pytest.mark.parametrize("optimizer", sorted(RULES))
-@pytest.mark.parametrize("name", names(Centralized))
+@pytest.mark.parametrize("name,optimizer", cases(
+    Centralized, {("asp", "momentum"), ("ssp", "momentum"), ("dc_asgd", "momentum")}, True))
 def test_centralized_one_worker_without_delay_is_the_sequential_optax_loop(
     tmp_path, name, optimizer):
   steps = 5
@@ -145,7 +157,7 @@ def test_centralized_one_worker_without_delay_is_the_sequential_optax_loop(
   assert int(state.server.version) == steps
 
 
-@pytest.mark.parametrize("name", names(Centralized))
+@pytest.mark.parametrize("name", cases(Centralized, {"asp", "ssp"}))
 def test_centralized_server_version_counts_the_applies(tmp_path, name):
   # Two workers, stale: both pull version 0, and each gradient lands on a
   # server that the other's has moved.

@@ -7,6 +7,7 @@ import pytest
 
 from jaxdl.cluster import strategies as st
 from jaxdl.errors import ConfigError
+from tests import marks
 
 G = 1e9
 FAST = dict(flops=1e12, bandwidth=math.inf)  # a link that takes no time
@@ -114,7 +115,7 @@ def test_resnet18_pieces_add_up_to_the_whole_model(resnet18):
       [8192] * 2 + [10]
 
 
-@pytest.mark.parametrize("name", ["mlp", "vit", "vgg11_bn"])
+@pytest.mark.parametrize("name", ["mlp", marks.slow("vit"), "vgg11_bn"])
 def test_pieces_with_and_without_batch_norm_add_up_to_the_whole_model(name):
   model = (name, (8, 8, 1), 10, "cifar")
   whole, pieces = st.model_cost(*model), st.piece_costs(*model)
@@ -122,6 +123,8 @@ def test_pieces_with_and_without_batch_norm_add_up_to_the_whole_model(name):
   assert sum(p.forward for p in pieces) == pytest.approx(whole.forward, rel=1e-3)
 
 
+@pytest.mark.slow  # (per example by default: test_resnet18_pieces_add_up_to_the_whole_model's
+#                    counts on 8 examples against one example's by hand)
 def test_flops_are_counted_per_example():
   one, eight = (st.model_cost(*st.ASU_MODEL, batch=b) for b in (1, 8))
   assert one.training == pytest.approx(eight.training, rel=1e-4)

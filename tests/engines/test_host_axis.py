@@ -13,6 +13,7 @@ from jaxdl.algorithms import Batch
 from jaxdl.config import RunConfig
 from jaxdl.engines.events import initial_state, stack, take
 from jaxdl.engines.host_axis import Exchange, HostAxis
+from tests import marks
 from tests.helpers import make_engine, train
 
 SIZES = (8, 12, 4)
@@ -55,13 +56,13 @@ def per_worker_programs(sim, reduce: str = "host"):
 
 
 @pytest.mark.parametrize("algorithm, model, extra", [
-    ("ar_sgd", "mlp", {}),
+    marks.slow("ar_sgd", "mlp", {}),
     ("bsp", "mlp", {}),
-    ("local_sgd", "mlp", {"communication_period": 2}),
-    ("diloco", "mlp", {"inner_steps": 2}),
+    marks.slow("local_sgd", "mlp", {"communication_period": 2}),
+    marks.slow("diloco", "mlp", {"inner_steps": 2}),
     # batch statistics over all workers' batches, psum'd inside the gradient
     # (sgd: adam's normalization would magnify float rounding in ~0 gradients)
-    ("ar_sgd", "cnn_bn", {"sync_bn": True, "optimizer": "sgd", "lr": 0.05}),
+    marks.slow("ar_sgd", "cnn_bn", {"sync_bn": True, "optimizer": "sgd", "lr": 0.05}),
 ])
 def test_each_worker_its_own_program_equals_the_sim_engine(algorithm, model, extra):
   config = RunConfig.make(algorithm=algorithm, engine="sim", workers=3, batch_sizes=SIZES,

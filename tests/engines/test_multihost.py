@@ -11,6 +11,7 @@ import chex
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from jaxdl.checkpoint import abstract
 from jaxdl.config import RunConfig
@@ -73,6 +74,7 @@ def test_two_processes_equal_one(tmp_path):
   chex.assert_trees_all_close(multi, one, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_process_whose_peers_never_come_ends_in_one_line(tmp_path):
   """A multi-process config rerun alone: process 0 waits for process 1, and
   process 1 for a process 0, --coordinator-timeout seconds, then exit 2."""

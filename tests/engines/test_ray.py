@@ -53,9 +53,10 @@ def _replayed(tmp_path):
 
 
 @pytest.mark.parametrize("name,settings", [
-    ("asp", {}), ("ssp", {"staleness_bound": 1}),
+    ("asp", {}), pytest.param("ssp", {"staleness_bound": 1}, marks=pytest.mark.slow),
     # a server in 2 shard actors, each applying its leaves of every push
-    ("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003, "pin_workers": True}),
+    pytest.param("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003, "pin_workers": True},
+                 marks=pytest.mark.slow),
     pytest.param("dc_asgd", {}, marks=pytest.mark.slow),
     pytest.param("lc_asgd", {}, marks=pytest.mark.slow),
     pytest.param("lc_asgd", {"servers": 2}, marks=pytest.mark.slow)])
@@ -88,9 +89,9 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
   assert replayed["test_accuracy"] == ray_run["test_accuracy"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,settings", [
-    ("ad_psgd", {}), ("gosgd", {"gossip_probability": 0.5}),
-    pytest.param("easgd", {"communication_period": 2}, marks=pytest.mark.slow)])
+    ("ad_psgd", {}), ("gosgd", {"gossip_probability": 0.5}), ("easgd", {"communication_period": 2})])
 def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp_path, name,
                                                                 settings):
   """EASGD (the center at the coordinator), GoSGD (messages from worker to
@@ -158,8 +159,8 @@ def test_workers_that_keep_their_own_models_replay_bit_for_bit(ray_instance, tmp
   assert at_6[0]["test_loss"] == at_6[1]["test_loss"]
 
 
-@pytest.mark.parametrize("name", ["bsp", pytest.param("local_sgd", marks=pytest.mark.slow),
-                                  pytest.param("diloco", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bsp", "local_sgd", "diloco"])
 def test_a_collective_algorithm_on_processes_is_the_mesh_run(ray_instance, tmp_path, name):
   """BSP on two processes that jax.distributed joins (the algorithm's own
   step, its collectives across processes): the same parameters, bit for bit,
@@ -185,6 +186,7 @@ HETEROGENEOUS = dict(algorithm="ar_sgd", engine="ray", workers=3, batch_sizes=(1
                      **{k: v for k, v in RUN.items() if k != "batch_size"})
 
 
+@pytest.mark.slow
 def test_heterogeneous_workers_are_slowed_and_the_batch_split_by_measured_times(
     ray_instance, tmp_path):
   """Three worker processes of speeds 1:3:3, slowed for real (each sleeps
@@ -254,6 +256,7 @@ def test_compressed_gossip_and_averages_replay_bit_for_bit(ray_instance, tmp_pat
   assert _replayed(tmp_path)["params_fingerprint"] == ray_run["params_fingerprint"]
 
 
+@pytest.mark.slow
 def test_a_resumed_gossip_run_replays_bit_for_bit(ray_instance, tmp_path):
   """GoSGD resumed from its checkpoint at step 6 (the last one removed):
   the messages in flight there are not in the checkpoint, and the trace of
@@ -270,6 +273,7 @@ def test_a_resumed_gossip_run_replays_bit_for_bit(ray_instance, tmp_path):
   assert _replayed(tmp_path)["params_fingerprint"] == resumed["params_fingerprint"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bound", [0, 2])
 def test_the_server_enforces_ssp_bound_between_real_processes(ray_instance, tmp_path, bound):
   m = 3
@@ -556,8 +560,8 @@ def _regression_task() -> jaxdl.Task:
                     train=jaxdl.FunctionData(batch, 10), name="regression")
 
 
-@pytest.mark.parametrize("name", ["asp", *(pytest.param(n, marks=pytest.mark.slow)
-                                           for n in ("bsp", "easgd", "gosgd", "ad_psgd"))])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["asp", "bsp", "easgd", "gosgd", "ad_psgd"])
 def test_a_scripts_own_task_runs_on_ray_and_replays(ray_instance, tmp_path, name):
   """One algorithm of each shape trains a script's own task on ray, and its
   run is the sim's replay of its trace (a collective one: the mesh's run)."""

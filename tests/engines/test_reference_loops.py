@@ -40,6 +40,7 @@ from jaxdl.algorithms import lc_asgd
 from jaxdl.config import RunConfig
 from jaxdl.runner import setup
 from jaxdl.trace import read_trace, write_trace
+from tests import marks
 from tests.helpers import train, zoo_model
 
 LR, MU, KEY = 0.05, 0.9, 0
@@ -136,7 +137,7 @@ def test_asp_and_ssp_apply_the_gradient_of_what_was_pulled(tmp_path, algorithm, 
   close(run.state.server.params, server_loop(run))
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("adaptive", marks.default_first([False, True]))
 def test_dc_asgd_compensates_with_the_pulled_version(tmp_path, adaptive):
   lam, beta = (2.0, 0.95) if adaptive else (0.04, None)
   run = Run(tmp_path, "dc_asgd", dc_lambda=lam, dc_adaptive=adaptive)
@@ -292,6 +293,7 @@ def sub(a, b):
   return jax.tree.map(lambda x, y: x - y, a, b)
 
 
+@pytest.mark.slow
 def test_compressed_gosgd_merges_the_reference_its_pair_holds(tmp_path):
   """--compress topk:5%: a message from m to k is q = top_k(x_m - r_{m->k})
   as m is at the send, r_{m->k} (both ends' copies, from the initial model)
@@ -333,6 +335,7 @@ def scaled_sign(tree):
                                  * np.where(x >= 0, 1, -1)).astype(np.float32), tree)
 
 
+@pytest.mark.slow
 def test_compressed_ad_psgd_takes_the_consensus_step_between_references(tmp_path):
   """--compress sign: at an average of m and k, each sends the scaled sign
   of its own x - r, both references grow by them, then CHOCO-SGD's step at
@@ -395,8 +398,8 @@ def test_sgd_is_the_sequential_loop(tmp_path):
   close(run.setup.engine.evaluated(run.state)[0], x)
 
 
-@pytest.mark.parametrize("engine", ["mesh", "sim"])
-@pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd"])
+@pytest.mark.parametrize("algorithm, engine", [("bsp", "mesh"), ("bsp", "sim"), ("ar_sgd", "mesh"),
+                                               marks.slow("ar_sgd", "sim")])
 def test_bsp_and_ar_sgd_take_the_weighted_global_gradient(tmp_path, algorithm, engine):
   run = sync_run(tmp_path, algorithm, engine)
   x, velocity = run.copy(), zeros(run.initial)
@@ -407,7 +410,7 @@ def test_bsp_and_ar_sgd_take_the_weighted_global_gradient(tmp_path, algorithm, e
   close(run.setup.engine.evaluated(run.state)[0], x)
 
 
-@pytest.mark.parametrize("engine", ["mesh", "sim"])
+@pytest.mark.parametrize("engine", marks.default_first(["mesh", "sim"]))
 def test_local_sgd_averages_with_the_batch_shares(tmp_path, engine):
   run = sync_run(tmp_path, "local_sgd", engine, communication_period=2)
   sizes = run.setup.streams.batch_sizes
@@ -423,7 +426,7 @@ def test_local_sgd_averages_with_the_batch_shares(tmp_path, engine):
   close(run.setup.engine.evaluated(run.state)[0], x[0])
 
 
-@pytest.mark.parametrize("engine", ["mesh", "sim"])
+@pytest.mark.parametrize("engine", [marks.slow("mesh"), "sim"])
 def test_diloco_applies_nesterov_to_the_weighted_delta(tmp_path, engine):
   """Douillard et al. 2023, Algorithm 1: H = 2 inner steps of momentum SGD
   per worker (its own velocity, kept across outer steps), then theta moves by

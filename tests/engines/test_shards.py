@@ -11,6 +11,7 @@ from jaxdl.config import RunConfig
 from jaxdl.engines.events import initial_state, one_batch, take
 from jaxdl.engines.shards import Partition, leaf_dependencies, sharded
 from jaxdl.errors import ConfigError
+from tests import marks
 
 
 def _states(setup):
@@ -30,10 +31,10 @@ def _paths(tree) -> list[str]:
 
 
 @pytest.mark.parametrize("name,optimizer,exact", [
-    ("asp", "sgd", True), ("dc_asgd", "sgd", True), ("lc_asgd", "sgd", True),
+    marks.slow("asp", "sgd", True), ("dc_asgd", "sgd", True), marks.slow("lc_asgd", "sgd", True),
     # adam's update fused across all leaves or a shard's alone rounds its
     # bias correction's products in another order: 1 ulp of the parameters
-    ("asp", "adam", False)])
+    marks.slow("asp", "adam", False)])
 def test_shards_compute_what_one_server_would(name, optimizer, exact):
   setup = prepare(RunConfig.make(algorithm=name, model="mlp", workers=3, optimizer=optimizer))
   algorithm = setup.algorithm

@@ -7,12 +7,14 @@ import pytest
 
 import jaxdl
 from jaxdl.config import RunConfig
+from tests import marks
 from tests.helpers import make_engine, train
 
 RUN = dict(model="mlp", epochs=1, workers=4, batch_size=8, progress=False,
            schedule="constant", momentum=0.0, lr=0.1, jitter=0.3)
 
 
+@pytest.mark.slow
 def test_sim_runs_are_reproducible_and_replayable(tmp_path):
   a = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "a"), **RUN))
   b = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "b"), **RUN))
@@ -29,6 +31,7 @@ def test_sim_runs_are_reproducible_and_replayable(tmp_path):
   assert a["staleness_max"] >= 1 and a["simulated_time_s"] > 0 and a["bytes_total"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ssp", "ad_psgd"])
 def test_sim_resume_equals_the_uninterrupted_run(tmp_path, name):
   config = RunConfig.make(algorithm=name, out=str(tmp_path / "run"), checkpoint_every=20,
@@ -43,6 +46,7 @@ def test_sim_resume_equals_the_uninterrupted_run(tmp_path, name):
   assert resumed["simulated_time_s"] == full["simulated_time_s"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["bsp", "ar_sgd", "local_sgd", "diloco"])
 def test_sim_engine_matches_the_mesh_engine(algorithm):
   settings = {"local_sgd": dict(communication_period=2),
@@ -76,7 +80,7 @@ def test_dry_run_shows_the_parameter_server_bottleneck(tmp_path):
   assert max(speedup["bsp"], speedup["asp"]) < min(speedup["ar_sgd"], speedup["ad_psgd"])
 
 
-@pytest.mark.parametrize("name", ["easgd", "gosgd", "ad_psgd"])
+@pytest.mark.parametrize("name", [marks.slow("easgd"), "gosgd", marks.slow("ad_psgd")])
 def test_a_restart_naming_a_peer_replays_as_a_copy_of_its_state(name):
   """A real engine's worker that rejoined with a peer's state: the replay
   gives it a copy of that peer's whole state at that point, nothing else."""
@@ -105,7 +109,7 @@ def test_a_restart_naming_a_peer_replays_as_a_copy_of_its_state(name):
   assert same(after, workers)
 
 
-@pytest.mark.parametrize("name", ["asp", "dc_asgd", "lc_asgd"])
+@pytest.mark.parametrize("name", [marks.slow("asp"), "dc_asgd", marks.slow("lc_asgd")])
 def test_a_parameter_servers_messages_carry_what_the_gradient_reads_and_changes(name):
   """The ray engine's pull carries only the leaves `message_parts` says the
   gradient reads, its push only those it changes: the gradient computed on
@@ -155,7 +159,7 @@ def test_a_leaf_the_gradient_moves_elsewhere_is_read():
   assert (reads, changes) == ((1, 2), (0, 2))
 
 
-@pytest.mark.parametrize("name", ["asp", "gosgd", "lc_asgd"])
+@pytest.mark.parametrize("name", marks.default_first(["asp", "gosgd", "lc_asgd"]))
 def test_fused_steps_and_gathered_gradients_give_the_bits_of_one_call_per_segment(
     name, monkeypatch):
   """A step run as one program and a step run segment by segment give the
@@ -186,7 +190,7 @@ def test_fused_steps_and_gathered_gradients_give_the_bits_of_one_call_per_segmen
       np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["asp", "gosgd"])
+@pytest.mark.parametrize("name", marks.default_first(["asp", "gosgd"]))
 def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
   """A batched op of more than `chunk_rows` rows, computed 64 rows at a time
   (the last chunk overlapping the one before), gives every row, and the

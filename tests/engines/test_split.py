@@ -18,6 +18,7 @@ RUN = dict(algorithm="ar_sgd", engine="mesh", workers=3, batch_sizes=(16, 16, 16
            dataset="digits", model="mlp", steps=12, progress=False, eval_every=6)
 
 
+@pytest.mark.slow
 def test_slowed_workers_on_the_mesh_are_split_by_measured_times(tmp_path):
   """Speeds 1:3:3 emulated (--compute-time: each worker sleeps until its
   batch has taken the modelled time), B = 48 split anew every 4 steps: the

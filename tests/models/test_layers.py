@@ -13,6 +13,7 @@ from flax import nnx
 from jaxdl.models import build_model, resnet
 from jaxdl.models.base import from_nnx
 from jaxdl.models.layers import BatchNorm, BatchStats
+from tests import marks
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 _PSUM = BatchStats(psum=lambda t: jax.lax.psum(t, "w"))
@@ -52,7 +53,7 @@ def _pad(x, real_rows, fill):
   return padded, mask
 
 
-@pytest.mark.parametrize("shape", [(6, 5), (4, 3, 2, 5)])
+@pytest.mark.parametrize("shape", [marks.slow((6, 5)), (4, 3, 2, 5)])
 def test_matches_nnx_batchnorm(shape):
   ours = BatchNorm(5, rngs=nnx.Rngs(0))
   ref = nnx.BatchNorm(5, momentum=0.9, epsilon=1e-5, use_fast_variance=False,
@@ -69,7 +70,7 @@ def test_matches_nnx_batchnorm(shape):
   _assert_close(ours(x, train=False), ref(x, use_running_average=True))
 
 
-@pytest.mark.parametrize("shape", [(6, 5), (6, 3, 2, 5)])
+@pytest.mark.parametrize("shape", [marks.slow((6, 5)), (6, 3, 2, 5)])
 def test_layer_mask_and_psum(shape):
   model = _bn_model()
   params, state = model.init(jax.random.key(0))
@@ -105,7 +106,7 @@ def test_layer_all_padding_and_eval():
   _assert_close(model.apply(params, state, x, False, BatchStats(np.zeros(4))), want)
 
 
-@pytest.mark.parametrize("name", ["vgg11_bn", "resnet"])
+@pytest.mark.parametrize("name", [marks.slow("vgg11_bn"), "resnet"])
 def test_model_padding_and_sync(name):
   # One test for both, so each model compiles three programs, not five.
   model = _model(name)

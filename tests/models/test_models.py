@@ -13,6 +13,7 @@ from jaxdl.errors import ConfigError
 from jaxdl.models import MODELS, Model, build_model, count_params
 from jaxdl.models import resnet
 from jaxdl.models.base import from_nnx
+from tests import marks
 
 ALL = MODELS.names()
 BATCH = 4
@@ -50,7 +51,7 @@ def test_registry_names_and_docs():
 
 @pytest.mark.parametrize("name, image_shape, classes, expected", [
     # The three sizes every framework quotes.
-    ("resnet50", (224, 224, 3), 1000, 25_557_032),
+    marks.slow("resnet50", (224, 224, 3), 1000, 25_557_032),  # (Bottleneck runs by default)
     ("resnet18", (32, 32, 3), 10, 11_173_962),
     ("vgg16", (224, 224, 3), 1000, 138_357_544),
     # torchvision's counts for the rest of the ImageNet models.
@@ -77,8 +78,17 @@ def test_small_model_sizes():
 _STEM_CASES = [("cifar", (8, 8, 1)), ("cifar", (32, 32, 3)), ("imagenet", (64, 48, 3))]
 
 
-@pytest.mark.parametrize("stem, image_shape", _STEM_CASES)
-@pytest.mark.parametrize("name", ALL)
+# By default one model of each family: the mlp and the cnn on every stem case,
+# ResNet-18, VGG-11 with batch norm and the ViT on the ImageNet one (VGG's
+# resize, ResNet's pool); the rest with the slow ones.
+_LOGITS_DEFAULT = {"mlp": (0, 1, 2), "cnn": (0, 1, 2), "resnet18": (2,), "vgg11_bn": (2,),
+                   "vit": (2,)}
+
+
+@pytest.mark.parametrize("name, stem, image_shape", [
+    pytest.param(name, stem, image_shape, id=f"{name}-{stem}-image_shape{i}",
+                 marks=() if i in _LOGITS_DEFAULT.get(name, ()) else pytest.mark.slow)
+    for name in ALL for i, (stem, image_shape) in enumerate(_STEM_CASES)])
 def test_logits_shape(name, stem, image_shape):
   # Shapes only: tracing the jitted apply checks them without compiling. The
   # 64x48 ImageNet case has VGG resize a 2x1 map and ResNet pool a 2x2 one.
@@ -128,8 +138,8 @@ def _small_resnet(block) -> Model:
 # costs about 0.3 s per parameter shape with threefry keys and less with rbg.
 # resnet34, resnet50 and vgg16_bn share their code with the models run here.
 @pytest.mark.parametrize("name, key_impl", [
-    ("mlp", None), ("cnn", None), ("vit", None), ("vgg11_bn", "rbg"),
-    ("BasicBlock", "rbg"), ("Bottleneck", "rbg")])
+    ("mlp", None), ("cnn", None), ("vit", None), marks.slow("vgg11_bn", "rbg"),
+    marks.slow("BasicBlock", "rbg"), ("Bottleneck", "rbg")])
 def test_run_train_and_eval(name, key_impl):
   if name in MODELS:
     model = build_model(name, 10, (8, 8, 1))

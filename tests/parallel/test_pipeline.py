@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxdl.parallel.pipeline import Stages, bubble_fraction, scheduled_gradients
+from tests import marks
 
 AXIS = "stages"
 
@@ -62,8 +63,11 @@ def _scheduled(stages, params, x, labels, microbatches, kind):
   return loss, stages.params(grads), grads
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("microbatches", [1, 4, 6])
+# (by default: each schedule with 4 micro-batches, and 1F1B with one)
+@pytest.mark.parametrize("microbatches, kind", [
+    marks.slow(1, "gpipe", id="1-gpipe"), pytest.param(1, "1f1b", id="1-1f1b"),
+    pytest.param(4, "gpipe", id="4-gpipe"), pytest.param(4, "1f1b", id="4-1f1b"),
+    marks.slow(6, "gpipe", id="6-gpipe"), marks.slow(6, "1f1b", id="6-1f1b")])
 def test_a_schedule_gives_one_devices_loss_and_gradients(kind, microbatches):
   stages, params = _model()
   assert stages.shapes == ((4, 4, 2), (4, 4, 3), (20,), (7,), (5,)) and stages.width == 48
@@ -111,8 +115,8 @@ def _zoo(name, image_shape, count):
 
 
 @pytest.mark.parametrize("name, image_shape, count", [
-    ("mlp", (8, 8, 1), 3), ("cnn", (8, 8, 1), 4), ("vit", (8, 8, 1), 4),
-    ("vit", (32, 32, 3), 2)])
+    ("mlp", (8, 8, 1), 3), ("cnn", (8, 8, 1), 4), marks.slow("vit", (8, 8, 1), 4),
+    marks.slow("vit", (32, 32, 3), 2)])
 def test_a_zoo_model_cut_into_stages_is_the_same_model(name, image_shape, count):
   """The stages hold every parameter of the model's init (same key) and,
   one after the other, compute its logits."""
@@ -125,8 +129,8 @@ def test_a_zoo_model_cut_into_stages_is_the_same_model(name, image_shape, count)
   np.testing.assert_allclose(stages.sequential(params, x), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name, count", [("cnn_bn", 3), ("resnet18", 3), ("vgg11_bn", 4),
-                                         ("vgg11", 2)])
+@pytest.mark.parametrize("name, count", [("cnn_bn", 3), marks.slow("resnet18", 3),
+                                         marks.slow("vgg11_bn", 4), ("vgg11", 2)])
 def test_a_zoo_model_with_batch_norm_cut_into_stages_is_the_same_model(name, count):
   """Stages of different shapes with batch norm: in training (normalized by
   the batch's statistics, the running ones moved) and then in evaluation
@@ -148,7 +152,7 @@ def test_a_zoo_model_with_batch_norm_cut_into_stages_is_the_same_model(name, cou
                              model.apply(full, state, later, False)[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("kind", [marks.slow("gpipe"), "1f1b"])
 def test_a_schedule_with_batch_norm_is_the_micro_batches_in_turn_on_one_device(kind):
   """The CNN with batch norm in 3 stages, 4 micro-batches: each micro-batch
   normalized by its own statistics, the running ones moved once a
@@ -210,12 +214,13 @@ def test_a_schedule_trains_the_vit_as_one_device_does():
 
 
 @pytest.mark.parametrize("algorithm, model, stages, schedule, extra", [
-    ("ar_sgd", "mlp", 3, "gpipe", {}),
+    # (by default: the mlp with 1F1B, and with GPipe inside diloco)
+    marks.slow("ar_sgd", "mlp", 3, "gpipe", {}),
     ("ar_sgd", "mlp", 2, "1f1b", {}),
-    ("bsp", "cnn", 4, "gpipe", {}),                          # stages of different shapes
-    ("local_sgd", "mlp", 2, "gpipe", {"communication_period": 2}),
+    marks.slow("bsp", "cnn", 4, "gpipe", {}),                # stages of different shapes
+    marks.slow("local_sgd", "mlp", 2, "gpipe", {"communication_period": 2}),
     ("diloco", "mlp", 2, "gpipe", {"inner_steps": 2}),
-    ("sgd", "vit", 4, "gpipe", {"optimizer": "adam", "lr": 1e-3}),
+    marks.slow("sgd", "vit", 4, "gpipe", {"optimizer": "adam", "lr": 1e-3}),
     # (ar_sgd with 1F1B: the mlp's case; the ViT in 4 stages: sgd's)
     pytest.param("ar_sgd", "vit", 4, "1f1b", {}, marks=pytest.mark.slow),
     # (bsp with 1F1B: cnn_bn's case; the cnn's stages of different shapes: GPipe's)
@@ -227,7 +232,7 @@ def test_a_schedule_trains_the_vit_as_one_device_does():
                  marks=pytest.mark.slow),
     # (ar_sgd pipelined: the mlp's cases; batch norm with one micro-batch: bsp's)
     pytest.param("ar_sgd", "cnn_bn", 3, "gpipe", {"microbatches": 1}, marks=pytest.mark.slow),
-    ("bsp", "cnn_bn", 2, "1f1b", {"microbatches": 1}),
+    marks.slow("bsp", "cnn_bn", 2, "1f1b", {"microbatches": 1}),
 ])
 def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, model, stages,
                                                                      schedule, extra):

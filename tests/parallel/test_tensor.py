@@ -6,6 +6,7 @@ import pytest
 
 from jaxdl.config import RunConfig
 from jaxdl.parallel.tensor import TENSOR_AXIS, leaf_dims, split_dims
+from tests import marks
 from tests.helpers import make_engine, train
 
 
@@ -57,14 +58,14 @@ def test_convolutions_split_by_channels_and_batch_norm_with_them():
 
 
 @pytest.mark.parametrize("algorithm, model, workers, k", [
-    ("ar_sgd", "mlp", 2, 2),
-    ("sgd", "vit", 1, 4),
-    ("local_sgd", "mlp", 2, 2),
-    ("ar_sgd", "cnn", 2, 4),
-    ("bsp", "mlp", 2, 2),
-    ("ar_sgd", "cnn_bn", 2, 2),                                  # batch norm by channels
+    ("ar_sgd", "mlp", 2, 2),  # (by default: the rest with the slow ones)
+    marks.slow("sgd", "vit", 1, 4),
+    marks.slow("local_sgd", "mlp", 2, 2),
+    marks.slow("ar_sgd", "cnn", 2, 4),
+    marks.slow("bsp", "mlp", 2, 2),
+    marks.slow("ar_sgd", "cnn_bn", 2, 2),                        # batch norm by channels
     pytest.param("sgd", "resnet18", 1, 4, marks=pytest.mark.slow),
-    ("diloco", "mlp", 2, 2),
+    marks.slow("diloco", "mlp", 2, 2),
 ])
 def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model, workers, k):
   """--parallelism tensor inside a synchronous algorithm (each worker's
