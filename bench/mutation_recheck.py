@@ -82,7 +82,7 @@ def recheck(run_dir: Path, name: str, scratch: Path) -> str:
   # Run from the scratch tree, so that its (mutated) jaxdl is the one imported.
   env = {**os.environ, "PYTHONPATH": str(scratch)}
   result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                           "-n", "2", *tests_for(name)], cwd=scratch, env=env,
+                           "-n", "2", "-m", "", *tests_for(name)], cwd=scratch, env=env,
                           capture_output=True, text=True)
   return "killed" if result.returncode else "survived"
 
