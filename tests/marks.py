@@ -7,7 +7,7 @@ with `-m slow`, which CI runs too.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import pytest
 
@@ -17,20 +17,21 @@ def slow(*values: Any, id: str | None = None):
   return pytest.param(*values, marks=pytest.mark.slow, id=id)
 
 
-def default_first(cases: Iterable[Any], keep: int = 1) -> list:
-  """`cases` with all but the first `keep` moved to the slow run.
+def _in_slow_run(case):
+  """`case` (a `pytest.param`, a tuple of a test's arguments, or one value;
+  a value that is itself a tuple goes in a `pytest.param`) marked slow."""
+  if hasattr(case, "values") and hasattr(case, "marks"):
+    return pytest.param(*case.values, marks=[*case.marks, pytest.mark.slow], id=case.id)
+  return pytest.param(*case, marks=pytest.mark.slow) if isinstance(case, tuple) else slow(case)
 
-  A case is a `pytest.param` (its id and marks kept), a tuple of a test's
-  arguments (several argument names), or a value (one argument name; a value
-  that is itself a tuple goes in a `pytest.param`)."""
-  out = []
-  for i, case in enumerate(cases):
-    if i < keep:
-      out.append(case)
-    elif hasattr(case, "values") and hasattr(case, "marks"):
-      out.append(pytest.param(*case.values, marks=[*case.marks, pytest.mark.slow], id=case.id))
-    elif isinstance(case, tuple):
-      out.append(pytest.param(*case, marks=pytest.mark.slow))
-    else:
-      out.append(pytest.param(case, marks=pytest.mark.slow))
-  return out
+
+def default_first(cases: Iterable[Any], keep: int = 1) -> list:
+  """`cases` with all but the first `keep` moved to the slow run (cases as
+  `_in_slow_run` takes them)."""
+  return [case if i < keep else _in_slow_run(case) for i, case in enumerate(cases)]
+
+
+def default_only(cases: Iterable[Any], kept: Collection[Any]) -> list:
+  """`cases` with those not in `kept` (values or tuples of arguments) moved
+  to the slow run."""
+  return [case if case in kept else _in_slow_run(case) for case in cases]

@@ -129,8 +129,7 @@ def _initial_test_loss() -> float:
 TASK_ALGORITHMS = {"sgd", "local_sgd", "ssp", "dc_asgd", "ad_psgd"}
 
 
-@pytest.mark.parametrize("algorithm", [
-    name if name in TASK_ALGORITHMS else marks.slow(name, id=name) for name in sorted(ALGORITHMS)])
+@pytest.mark.parametrize("algorithm", marks.default_only(sorted(ALGORITHMS), TASK_ALGORITHMS))
 def test_every_algorithm_trains_the_task(tmp_path, algorithm):
   flags = dict(workers=1 if algorithm == "sgd" else 4, engine="sim", compute_time=1e-3,
                jitter=0.2, steps=60)

@@ -233,7 +233,7 @@ class CostModel:
       # Lognormal with mean exactly 1: E[exp(sigma z - sigma^2 / 2)] = 1.
       seconds *= np.exp(self.jitter * rng.standard_normal(_BLOCK) - 0.5 * self.jitter ** 2)
     if self.straggler_prob > 0:
-      late = np.asarray(self._block("straggler", worker, block * _BLOCK)) < self.straggler_prob
+      late = self._block("straggler", worker, block * _BLOCK) < self.straggler_prob
       seconds[late] *= self.straggler_slowdown
     return seconds
 

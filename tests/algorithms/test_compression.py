@@ -281,7 +281,7 @@ def test_before_or_after_sgd_at_a_constant_rate_is_the_same(spec):
 
 
 # topk and sign by default; the seed's draws: test_the_key_advances_each_step_and_the_seed_replays
-@pytest.mark.parametrize("spec", [s if s in ("topk:0.1", "sign") else marks.slow(s) for s in LOSSY])
+@pytest.mark.parametrize("spec", marks.default_only(LOSSY, ("topk:0.1", "sign")))
 def test_jitted_update_matches_eager_compiles_once_and_replays(spec):
   tx, traces = compression(spec, seed=3), []
 

@@ -63,11 +63,9 @@ def cases(shape: type, default: set, optimizers: bool = False) -> list:
   """The parametrization over `shape`'s algorithms (by optimizer, each name
   with each of RULES): the cases in `default` run by default, a
   representative few; the others with the slow ones."""
-  if not optimizers:
-    return [name if name in default else marks.slow(name, id=name) for name in names(shape)]
-  return [(name, optimizer) if (name, optimizer) in default
-          else marks.slow(name, optimizer, id=f"{name}-{optimizer}")
-          for name in names(shape) for optimizer in sorted(RULES)]
+  every = ([(name, optimizer) for name in names(shape) for optimizer in sorted(RULES)]
+           if optimizers else names(shape))
+  return marks.default_only(every, default)
 
 
 def test_every_registered_algorithm_has_a_shape_checked_here():
