@@ -190,6 +190,44 @@ def test_fused_steps_and_gathered_gradients_give_the_bits_of_one_call_per_segmen
       np.testing.assert_array_equal(a, b)
 
 
+def test_a_batched_op_lists_the_workers_it_computes_for_not_all_of_them():
+  """A step's plan names, in each batched op, the K workers that compute
+  and their data steps: a step of gossip among thousands of workers plans
+  thousands of ops of a few workers each, and M entries an op made plans
+  grow as M squared. Only an op over more than a quarter of the workers
+  runs over (and lists) all M, masked. Each local step queued in the step
+  is run once."""
+  import numpy as np
+
+  from jaxdl.engines.sim import plan
+
+  m, steps = 64, 4
+  engine = make_engine(RunConfig.make(algorithm="gosgd", **dict(RUN, workers=m)),
+                       total_steps=steps)
+  iteration, computed = np.full(m, -1), np.zeros(m, bool)
+  ends = engine.step_ends[:steps]
+  gathered = 0
+  for start, end in zip([0] + [e + 1 for e in ends], ends):
+    ops = plan.plan(engine.events, start, end, iteration, computed, False, engine.slots)
+    local = [op for op in ops if op.kind == "local"]
+    for op in local:
+      k = plan.computing(op)
+      assert len(op.workers) == len(op.steps)
+      if op.mask is None:
+        assert len(op.workers) == k and plan.batch_size(k, m) < m
+        gathered += 1
+      else:
+        assert len(op.workers) == m and plan.batch_size(k, m) == m
+    assert sum(len(op.workers) for op in local) <= 8 * sum(map(plan.computing, local))
+    queued = sorted((e.worker, e.iteration) for e in engine.events[start:end + 1]
+                    if e.kind == "local")
+    ran = sorted((int(w), int(s)) for op in local
+                 for w, s, on in zip(op.workers, op.steps,
+                                     op.mask if op.mask is not None else [True] * m) if on)
+    assert ran == queued
+  assert gathered
+
+
 @pytest.mark.parametrize("name", marks.default_first(["asp", "gosgd"]))
 def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
   """A batched op of more than `chunk_rows` rows, computed 64 rows at a time

@@ -23,8 +23,13 @@ class Op(NamedTuple):
   peer: int = 0
   iteration: int = 0
   durations: tuple[float, float] = (0.0, 0.0)  # the event's (and a fused pull's)
-  mask: tuple[bool, ...] | None = None          # which workers a batched op updates
-  pairs: tuple | None = None                    # per worker: (worker, data step) or None
+  # A batched op's workers: the K computing ones, or all M with `mask` (which
+  # of them compute) once the op runs over every worker (`batch_size`); and
+  # each one's data step. Arrays of K, not M, entries: a step of gossip at
+  # M = 4,096 workers plans thousands of batched ops of a few workers each.
+  workers: np.ndarray | None = None
+  steps: np.ndarray | None = None
+  mask: np.ndarray | None = None
   slot: int = 0                                 # the in-flight message's slot
 
 
@@ -55,7 +60,7 @@ def segments(ops: Sequence[Op], num_workers: int) -> list[Segment]:
     op, end = ops[start], start + 1
     if op.kind in BATCH_KINDS:
       size = (1 if op.kind.endswith("_one") else num_workers if op.kind == "step"
-              else batch_size(sum(op.mask), num_workers))
+              else batch_size(computing(op), num_workers))
       out.append(Segment(op.kind, size, start, 1))
     else:
       while end < len(ops) and ops[end].kind == op.kind:
@@ -64,6 +69,11 @@ def segments(ops: Sequence[Op], num_workers: int) -> list[Segment]:
       out.append(Segment(op.kind, 0 if end - start == 1 else None, start, end - start))
     start = end
   return out
+
+
+def computing(op: Op) -> int:
+  """How many workers a batched op computes for."""
+  return len(op.workers) if op.mask is None else int(op.mask.sum())
 
 
 def shape(segments: Sequence[Segment]) -> tuple:
@@ -97,24 +107,34 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
   """The ops of events[start:end + 1]; updates the bookkeeping in place.
   `slots`: message_slots(events)[0], for gossip."""
   num_workers = len(iteration)
-  queued: list[list[int]] = [[] for _ in range(num_workers)]
+  everyone = np.arange(num_workers, dtype=np.int32)
+  queued: dict[int, list[int]] = {}  # a worker's local steps not yet run, by worker
   ops: list[Op] = []
 
-  def batched(kind, mask, steps):
+  def batched(kind, workers, steps, every_step):
+    """An op of the sorted `workers` reading their data `steps`; over all M
+    workers, if it runs over them, where the others read `every_step()`."""
+    workers, steps = np.asarray(workers, np.int32), np.asarray(steps, np.int32)
     if one_at_a_time:
-      for w in np.flatnonzero(mask):
-        pairs = tuple((w, steps[w]) if v == w else None for v in range(num_workers))
-        ops.append(Op(f"{kind}_one", worker=int(w), pairs=pairs))
+      for w, step in zip(workers, steps):
+        ops.append(Op(f"{kind}_one", worker=int(w), workers=np.array([w], np.int32),
+                      steps=np.array([step], np.int32)))
+    elif batch_size(len(workers), num_workers) < num_workers:
+      ops.append(Op(kind, workers=workers, steps=steps))
     else:
-      ops.append(Op(kind, mask=tuple(bool(x) for x in mask),
-                    pairs=tuple(enumerate(steps))))
+      mask, all_steps = np.zeros(num_workers, bool), every_step()
+      mask[workers], all_steps[workers] = True, steps
+      ops.append(Op(kind, workers=everyone, steps=all_steps, mask=mask))
 
   def flush():
-    while any(queued):
-      batched("local", [bool(q) for q in queued], [q[0] if q else 0 for q in queued])
-      for q in queued:
-        if q:
-          q.pop(0)
+    while queued:
+      workers = sorted(queued)
+      batched("local", workers, [queued[w][0] for w in workers],
+              lambda: np.zeros(num_workers, np.int32))
+      for w in workers:
+        queued[w].pop(0)
+        if not queued[w]:
+          del queued[w]
 
   index = start
   while index <= end:
@@ -127,7 +147,9 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
     elif kind == "apply":
       if not computed[m]:
         pending = (iteration >= 0) & ~computed
-        batched("compute", pending, [max(int(c), 0) for c in iteration])
+        every_step = lambda: np.maximum(iteration, 0).astype(np.int32)
+        workers = np.flatnonzero(pending)
+        batched("compute", workers, iteration[workers], every_step)
         computed |= pending
       following = events[index] if index <= end else None
       if following is not None and following.kind == "pull" and following.worker == m:
@@ -140,24 +162,24 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
         ops.append(Op("apply", m, durations=(event.duration, 0.0)))
         computed[m], iteration[m] = False, -1
     elif kind == "local":
-      queued[m].append(event.iteration)
+      queued.setdefault(m, []).append(event.iteration)
     elif kind == "exchange":
-      if queued[m]:
+      if m in queued:
         flush()
       ops.append(Op("exchange", m))
     elif kind == "step":
-      ops.append(Op("step", iteration=event.iteration,
-                    pairs=tuple((w, event.iteration) for w in range(num_workers))))
+      ops.append(Op("step", iteration=event.iteration, workers=everyone,
+                    steps=np.full(num_workers, event.iteration, np.int32)))
     elif kind == "send":  # the sender's local steps come first: they are in the message
-      if queued[m]:
+      if m in queued:
         flush()
       ops.append(Op("send", m, peer=event.peer, slot=slots[index - 1]))
     elif kind == "gossip":  # as the receiver is on arrival
-      if queued[event.peer]:
+      if event.peer in queued:
         flush()
       ops.append(Op("receive", event.peer, peer=m, slot=slots[index - 1]))
     elif kind == "average":
-      if queued[m] or queued[event.peer]:
+      if m in queued or event.peer in queued:
         flush()
       ops.append(Op("pair", m, peer=event.peer))
   flush()
@@ -180,6 +202,6 @@ def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
   for start, end in zip([0] + [e + 1 for e in step_ends], step_ends):
     ops = plan(events, start, end, iteration, computed, one_at_a_time, slots)
     longest = max(longest, len(ops))
-    batch_ops = max(batch_ops, sum(op.pairs is not None for op in ops))
+    batch_ops = max(batch_ops, sum(op.steps is not None for op in ops))
     shapes[shape(segments(ops, num_workers))] += 1
   return Sizes(longest, batch_ops, shapes)

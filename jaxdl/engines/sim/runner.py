@@ -144,17 +144,15 @@ class OpRunner:
 
   def table(self, op: Op, size: int) -> BatchArrays:
     """A batched op's BatchArrays over `size` rows."""
-    m = self.num_workers
-    if size == m:
-      rows = np.arange(m, dtype=np.int32)
-      mask = np.ones(m, bool) if op.mask is None else np.asarray(op.mask, bool)
-      pairs = op.pairs
+    m, k = self.num_workers, len(op.workers)
+    if size == m:  # every worker, in order (plan.plan)
+      rows = op.workers
+      mask = np.ones(m, bool) if op.mask is None else op.mask
     else:
-      chosen = [w for w, pair in enumerate(op.pairs) if pair is not None and
-                (op.mask is None or op.mask[w])]
-      rows = np.array(chosen + [m] * (size - len(chosen)), np.int32)
-      mask = np.arange(size) < len(chosen)
-      pairs = [op.pairs[w] for w in chosen] + [None] * (size - len(chosen))
+      rows = np.concatenate([op.workers, np.full(size - k, m, np.int32)])
+      mask = np.arange(size) < k
+    # (worker, data step) of each row, or None: padding
+    pairs = [(int(w), int(s)) for w, s in zip(op.workers, op.steps)] + [None] * (size - k)
     ids = np.array([pair or (0, 0) for pair in pairs], np.int32)
     return BatchArrays(mask, rows, self.batches.indices(pairs), ids, np.int32(op.iteration))
 
