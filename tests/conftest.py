@@ -7,16 +7,11 @@ import tempfile
 # sum is rounded: tests that pin exact bits (test_fingerprints.py) compile
 # for AVX2 on every x86-64 machine, AVX-512 ones included. YNNPACK, which
 # XLA hands dots to by default, picks its kernels by the CPU it runs on
-# whatever the flag says: tests leave dots to XLA's own code. XLA's older
-# elemental emitters compile the tests' many small programs in about 15% less
-# time than its fusion emitters, to the same bits (every fingerprint holds
-# with either; a long run's steps are faster with the fusion emitters, which
-# `jaxdl` keeps).
+# whatever the flag says: tests leave dots to XLA's own code.
 ISA = " --xla_cpu_max_isa=AVX2" if platform.machine().lower() in ("x86_64", "amd64") else ""
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8" + ISA +
-                           " --xla_cpu_experimental_ynn_fusion_type="
-                           " --xla_cpu_use_fusion_emitters=false").strip()
+                           " --xla_cpu_experimental_ynn_fusion_type=").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
