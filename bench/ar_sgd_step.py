@@ -48,7 +48,7 @@ from jaxdl.config import RunConfig  # noqa: E402
 from jaxdl.data import ImageFields, WorkerStreams  # noqa: E402
 from jaxdl.data.sources import load_synthetic  # noqa: E402
 from jaxdl.engines import MeshEngine  # noqa: E402
-from jaxdl.models import MODELS, build_model  # noqa: E402
+from jaxdl.models import MODELS, build_model, resolve_stem  # noqa: E402
 from jaxdl.optim import make_optimizer  # noqa: E402
 from jaxdl.task import classification
 
@@ -130,7 +130,7 @@ class HandArm:
   def __init__(self, name: str, image_shape, images: np.ndarray, labels: np.ndarray,
                mesh: jax.sharding.Mesh, start_params=None):
     (axis,) = mesh.axis_names
-    module = MODELS.get(name)(image_shape, NUM_CLASSES, "auto",
+    module = MODELS.get(name)(image_shape, NUM_CLASSES, resolve_stem("auto", image_shape),
                               rngs=nnx.Rngs(params=jax.random.key(SEED)))
     graphdef, params, stats = nnx.split(module, nnx.Param, nnx.BatchStat)
     params, stats = nnx.to_pure_dict(params), nnx.to_pure_dict(stats)

@@ -81,14 +81,15 @@ def build_task(config: RunConfig) -> Task:
     from jaxdl.parallel.pipeline import pipeline_task
     m = config.model
     return pipeline_task(name, dataset, m.stem, m.stages, m.microbatches, m.pipeline_schedule)
-  model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem)
+  model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem,
+                      config.model.compute_dtype)
   if config.model.parallelism == "tensor":
     from jaxdl.parallel.tensor import tensor_task
     return tensor_task(classification(model, dataset), name)
   return classification(model, dataset)
 
 
-TASK_FIELDS = ("dataset", "data_dir", "image_size", "model", "stem")
+TASK_FIELDS = ("dataset", "data_dir", "image_size", "model", "stem", "compute_dtype")
 """Config fields that a script's task replaces: they stay unset with one."""
 
 

@@ -40,6 +40,8 @@ class ModelConfig:
   """Model name: see `jaxdl list`."""
   stem: Literal["auto", "cifar", "imagenet"] = "auto"
   """ResNet/VGG stem and head: imagenet for inputs of 128 px or more under auto."""
+  compute_dtype: Literal["float32", "bfloat16"] = "float32"
+  """The dtype an image model of the zoo computes in with --parallelism data: bfloat16 casts the parameters and images to it in each forward and backward pass (mixed precision: parameters, gradients, optimizer state, batch-norm statistics, logits and loss stay float32)."""
   parallelism: str = "data"
   """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights split over --tensor-parallel devices, Megatron-style), for a synchronous algorithm; pipeline: mlp, cnn, cnn_bn, vit, resnet and vgg models (batch norm normalizes each micro-batch by its own statistics, as in GPipe); tensor: the same models (a batch norm split by channels as the convolution before it)."""
   tensor_parallel: int = 2
@@ -461,6 +463,12 @@ def validate(config: RunConfig) -> RunConfig:
     data.check_name(c["dataset"])
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])
+  if c["compute_dtype"] not in models.COMPUTE_DTYPES:
+    raise ConfigError("compute_dtype", c["compute_dtype"],
+                      "one of " + ", ".join(models.COMPUTE_DTYPES))
+  if c["compute_dtype"] != "float32" and c["model"] in models.TEXT_MODELS:
+    raise ConfigError("compute_dtype", c["compute_dtype"], "float32 for a text model "
+                      "(bfloat16 is for the zoo's image models)")
   cluster.parse_bandwidth(c["network"])
   if cluster.is_profile(c["cluster"]):
     cluster.read_profile(c["cluster"])
@@ -624,6 +632,9 @@ def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
                           f"{parallelism}'s)")
   if m.parallelism == "data":
     return
+  if m.compute_dtype != "float32":
+    raise ConfigError("compute_dtype", m.compute_dtype, f"float32 with --parallelism "
+                      f"{m.parallelism} (bfloat16 is for --parallelism data)")
   what = "a pipeline" if m.parallelism == "pipeline" else "a tensor split"
   if config.algorithm.compress != "none":
     raise ConfigError("compress", config.algorithm.compress, f"none with --parallelism "

@@ -60,6 +60,7 @@ def test_default_config_is_valid():
     ("opt_args", '{"momentum_x": 1}', "b1"),
     ("lr_decay", 2.0, "(0, 1]"),
     ("warmup_steps", -1, ">= 0"),
+    ("compute_dtype", "float16", "bfloat16"),
 ])
 def test_bad_values_name_field_value_and_allowed(field, value, fragment):
   optimizer = {"opt_args": "adam"}.get(field, "sgd")
@@ -176,6 +177,20 @@ def test_an_old_config_json_keeps_only_its_algorithms_settings(flat, old, kept, 
   assert loaded.settings_dict() == kept
   for name in set(_OLD_SETTINGS) - set(kept):
     assert name not in loaded.flat()
+
+
+@pytest.mark.parametrize("flat, fragment", [
+    (dict(model="transformer", dataset="python_docs"), "float32 for a text model"),
+    (dict(algorithm="bsp", parallelism="pipeline", stages=2, workers=2),
+     "float32 with --parallelism pipeline"),
+    (dict(algorithm="bsp", parallelism="tensor", workers=2),
+     "float32 with --parallelism tensor"),
+])
+def test_bfloat16_is_for_image_models_with_data_parallelism(flat, fragment):
+  with pytest.raises(ConfigError) as info:
+    validate(RunConfig.make(compute_dtype="bfloat16", **flat))
+  assert info.value.field == "compute_dtype" and fragment in str(info.value)
+  validate(RunConfig.make(**flat))  # the same config computing in float32 is valid
 
 
 @pytest.mark.parametrize("flat, field", [

@@ -167,6 +167,17 @@ def test_default_run_reaches_95_percent_on_digits(tmp_path):
   assert summary["test_accuracy"] >= 0.95
 
 
+@pytest.mark.parametrize("engine", ["mesh", "sim"])
+def test_a_bfloat16_run_trains(tmp_path, engine):
+  out = tmp_path / engine
+  summary = jaxdl.run(RunConfig.make(out=str(out), model="cnn", epochs=2, workers=2,
+                                     algorithm="asp" if engine == "sim" else "ar_sgd",
+                                     engine=engine, compute_dtype="bfloat16", progress=False))
+  assert summary["test_accuracy"] >= 0.9
+  config = json.loads((out / "config.json").read_text())
+  assert config["model"]["compute_dtype"] == "bfloat16"
+
+
 @pytest.mark.parametrize("algorithm", marks.default_first(["bsp", "ar_sgd", "local_sgd"]))
 def test_synchronous_runs_report_their_layout_and_traffic(tmp_path, algorithm):
   summary = jaxdl.run(RunConfig.make(out=str(tmp_path / algorithm), algorithm=algorithm,

@@ -9,10 +9,11 @@ import jax
 
 from jaxdl.errors import ConfigError
 from jaxdl.models import resnet, simple, transformer, vgg, vit
-from jaxdl.models.base import Model, from_nnx
+from jaxdl.models.base import Model, from_nnx, with_compute_dtype
 from jaxdl.registry import Registry
 
-__all__ = ["MODELS", "TEXT_MODELS", "Model", "build_model", "check_model", "count_params"]
+__all__ = ["COMPUTE_DTYPES", "MODELS", "TEXT_MODELS", "Model", "build_model", "check_model",
+           "count_params", "with_compute_dtype"]
 
 # An entry builds an NNX module: entry(image_shape, num_classes, stem, rngs=...).
 Builder = Callable[..., Any]
@@ -26,6 +27,7 @@ TEXT_MODELS.register("transformer", "Character-level transformer: 2 pre-norm blo
     transformer.CharTransformer)
 
 STEMS = ("auto", "cifar", "imagenet")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 _IMAGENET_MIN_SIDE = 128  # "auto" picks the ImageNet stem from this side up
 
 
@@ -77,8 +79,11 @@ def check_model(name: str) -> None:
 
 
 def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
-                stem: str = "auto") -> Model:
-  """Builds the registered model ``name`` for HxWxC images and ``num_classes``."""
+                stem: str = "auto", compute_dtype: str = "float32") -> Model:
+  """Builds the registered model ``name`` for HxWxC images and ``num_classes``,
+  computing in ``compute_dtype`` (`with_compute_dtype`)."""
+  if compute_dtype not in COMPUTE_DTYPES:
+    raise ConfigError("compute_dtype", compute_dtype, "one of " + ", ".join(COMPUTE_DTYPES))
   entry = MODELS.get(name)
   image_shape = tuple(int(d) for d in image_shape)
   if image_shape[:2] == (1, 1) and name != "mlp":
@@ -86,7 +91,8 @@ def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
                       "which the image models cannot take")
   stem = resolve_stem(stem, image_shape)
   build = functools.partial(entry, image_shape, num_classes, stem)
-  return from_nnx(name, lambda rngs: build(rngs=rngs), num_classes, image_shape)
+  return with_compute_dtype(from_nnx(name, lambda rngs: build(rngs=rngs), num_classes,
+                                     image_shape), compute_dtype)
 
 
 def count_params(model: Model | Callable) -> int:

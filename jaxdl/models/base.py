@@ -66,6 +66,31 @@ def nnx_functions(build: Callable[[Any], Any]) -> tuple[Callable, Callable]:
   return init, apply
 
 
+def with_compute_dtype(model: Model, dtype: Any) -> Model:
+  """``model`` computing in ``dtype`` (mixed precision): each apply casts the
+  floating parameters and the images to it and returns float32 logits.
+
+  The parameters stay float32, so their gradients, the optimizer's state and
+  every average of workers' models are float32 too; the model state (batch-norm
+  statistics) is not cast, and jaxdl's batch norm sums its statistics in at
+  least float32. float32 returns ``model`` itself.
+  """
+  import jax.numpy as jnp
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.float32:
+    return model
+
+  def cast(x):
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+  def apply(params, model_state, images, train, stats=None):
+    logits, model_state = model.apply(jax.tree.map(cast, params), model_state, cast(images),
+                                      train, stats)
+    return logits.astype(jnp.float32), model_state
+
+  return dataclasses.replace(model, apply=apply)
+
+
 def from_nnx(name: str, build: Callable[[Any], Any], num_classes: int,
              image_shape: tuple[int, int, int]) -> Model:
   """Wraps a Flax NNX module factory ``build(rngs) -> module`` as a `Model`.

@@ -5,8 +5,10 @@ import functools
 
 import chex
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxdl.errors import ConfigError
@@ -227,3 +229,46 @@ def test_vit_trains_on_cifar_shaped_tfds_data(tmp_path):
             (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
             if "train_loss" in line]
   assert len(losses) == 40 and np.mean(losses[-4:]) < 0.5 * np.mean(losses[:4]), losses
+
+
+def _ops_dtypes(fn, *args) -> dict[str, set[str]]:
+  """The output dtypes of each convolution and matrix product in fn's jaxpr."""
+  found: dict[str, set[str]] = {"conv_general_dilated": set(), "dot_general": set()}
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name in found:
+        found[eqn.primitive.name].update(str(v.aval.dtype) for v in eqn.outvars)
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+def test_bfloat16_computes_in_bfloat16_with_float32_parameters_gradients_and_statistics():
+  images, labels = jnp.asarray(_images((8, 8, 1))), jnp.arange(BATCH) % 10
+  f32 = build_model("cnn_bn", 10, (8, 8, 1))
+  params, state = f32.init(jax.random.key(0))
+
+  def loss(model, params):
+    logits, new_state = model.apply(params, state, images, True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), (
+        logits, new_state)
+
+  results = {}
+  for dtype in ("float32", "bfloat16"):
+    model = build_model("cnn_bn", 10, (8, 8, 1), compute_dtype=dtype)
+    fn = jax.value_and_grad(functools.partial(loss, model), has_aux=True)
+    ops = _ops_dtypes(fn, params)
+    assert ops["conv_general_dilated"] == {dtype} and ops["dot_general"] == {dtype}, ops
+    (value, (logits, new_state)), grads = jax.jit(fn)(params)
+    for tree in (logits, new_state, grads):
+      assert {x.dtype for x in jax.tree.leaves(tree)} == {jnp.dtype(jnp.float32)}
+    results[dtype] = value, grads
+  (l32, g32), (l16, g16) = results["float32"], results["bfloat16"]
+  # bfloat16 keeps 8 bits of mantissa: the loss and gradients move by about
+  # 2^-8 of their size, neither exactly nor more.
+  flat32, flat16 = (jnp.concatenate([x.ravel() for x in jax.tree.leaves(g)]) for g in (g32, g16))
+  relative = float(jnp.linalg.norm(flat16 - flat32) / jnp.linalg.norm(flat32))
+  assert 1e-4 < relative < 5e-2, relative
+  assert 0 < abs(float(l16) - float(l32)) < 2e-2
