@@ -9,7 +9,6 @@
 # 3. the sim engine's 8-worker asp against one worker's step (bench/sim_asp.py).
 set -u
 out="${1:-gpu-bench}"
-mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python="${PYTHON:-python3}"
 run() {  # run SECONDS NAME ARGS...: one benchmark, its output into NAME.txt
@@ -22,6 +21,7 @@ if ! "$python" -c "import jax, sys; sys.exit(jax.default_backend() == 'cpu')" 2>
   echo "no GPU that jax sees ($python): the GPU benchmarks need one; skipped"
   exit 0
 fi
+mkdir -p "$out"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   "$python" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__,
 'optax', optax.__version__, jax.devices())"; } 2>&1 | tee "$out/machine.txt"
