@@ -167,7 +167,7 @@ def test_default_run_reaches_95_percent_on_digits(tmp_path):
   assert summary["test_accuracy"] >= 0.95
 
 
-@pytest.mark.parametrize("engine", ["mesh", "sim"])
+@pytest.mark.parametrize("engine", marks.default_first(["mesh", "sim"]))
 def test_a_bfloat16_run_trains(tmp_path, engine):
   out = tmp_path / engine
   summary = jaxdl.run(RunConfig.make(out=str(out), model="cnn", epochs=2, workers=2,
