@@ -5,6 +5,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 if TYPE_CHECKING:  # layers imports flax, which only NNX models need
   from jaxdl.models.layers import BatchStats
@@ -75,7 +76,6 @@ def with_compute_dtype(model: Model, dtype: Any) -> Model:
   statistics) is not cast, and jaxdl's batch norm sums its statistics in at
   least float32. float32 returns ``model`` itself.
   """
-  import jax.numpy as jnp
   dtype = jnp.dtype(dtype)
   if dtype == jnp.float32:
     return model
