@@ -39,7 +39,7 @@ LAYERWISE_OPTIMIZERS = frozenset({"lamb", "lars", "adafactor", "fromage", "novog
 
 
 class BSPState(NamedTuple):
-  server_params: jax.Array  # (P_pad / M,): this worker's slice of the server's flat parameters
+  server_params: jax.Array  # (1, P_pad / M): this worker's slice of the server's flat parameters
   server_opt_state: Any     # the optimizer state of that slice
   model_state: Any          # this worker's batch-norm statistics
   outbox: Any               # the compression state of its pushes (--compress)
@@ -54,8 +54,18 @@ def _flat_layout(problem: Problem, num_workers: int):
   return size, math.ceil(size / num_workers) * num_workers, unravel
 
 
-def _pad(flat: jax.Array, length: int) -> jax.Array:
-  return jnp.pad(flat, (0, length - flat.size))
+def _flat(tree, length: int) -> jax.Array:
+  """The tree's leaves raveled into one row (1, length), zero-padded.
+
+  A row, not a vector: XLA's CPU code for a concatenation fused into a loop
+  runs tens of times slower once the loop is split over threads, and a loop
+  over a row of one is not split (a one-worker bsp step on the mlp took
+  3-27 ms instead of 0.1 on two cores, BENCHMARKS.md).
+  """
+  leaves = jax.tree.leaves(tree)
+  dtype = jnp.result_type(*leaves)
+  row = jnp.concatenate([x.reshape(1, -1).astype(dtype) for x in leaves], axis=1)
+  return jnp.pad(row, ((0, 0), (0, length - row.shape[1])))
 
 
 def build(settings, problem: Problem, num_workers: int) -> Collective:
@@ -65,8 +75,7 @@ def build(settings, problem: Problem, num_workers: int) -> Collective:
 
   def init(key, worker) -> BSPState:
     params, model_state = problem.init_model(key)
-    flat = _pad(ravel_pytree(params)[0], padded)
-    server_params = lax.dynamic_slice(flat, (worker * chunk,), (chunk,))
+    server_params = lax.dynamic_slice(_flat(params, padded), (0, worker * chunk), (1, chunk))
     return BSPState(server_params, problem.optimizer.init(server_params), model_state,
                     problem.init_outbox(params, worker))
 
@@ -75,7 +84,7 @@ def build(settings, problem: Problem, num_workers: int) -> Collective:
     params = unravel(axis.all_gather(state.server_params).reshape(-1)[:size])  # pull
     grads, model_state, metrics = problem.gradients(params, state.model_state, batch, axis)
     sent, outbox = problem.compress_message(grads, state.outbox)
-    grad_slice = axis.psum_scatter(_pad(ravel_pytree(sent)[0], padded))     # push
+    grad_slice = axis.psum_scatter(_flat(sent, padded), dimension=1)        # push
     updates, opt_state = problem.optimizer.update(grad_slice, state.server_opt_state,
                                                   state.server_params)
     return BSPState(optax.apply_updates(state.server_params, updates), opt_state,

@@ -42,10 +42,11 @@ class WorkerAxis:
       x = lax.all_gather(x, self.device, tiled=True)    # (D * L, ...)
     return x
 
-  def psum_scatter(self, x: jax.Array) -> jax.Array:
-    """Sums x (leading dim divisible by M) over workers; worker i keeps block i."""
+  def psum_scatter(self, x: jax.Array, dimension: int = 0) -> jax.Array:
+    """Sums x (its `dimension` divisible by M) over workers; worker i keeps
+    block i along it."""
     if self.device:
-      x = lax.psum_scatter(x, self.device, scatter_dimension=0, tiled=True)
+      x = lax.psum_scatter(x, self.device, scatter_dimension=dimension, tiled=True)
     if self.local:
-      x = lax.psum_scatter(x, self.local, scatter_dimension=0, tiled=True)
+      x = lax.psum_scatter(x, self.local, scatter_dimension=dimension, tiled=True)
     return x

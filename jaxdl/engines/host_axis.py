@@ -159,7 +159,10 @@ class HostAxis:
     shape = jax.ShapeDtypeStruct((self.size, *jnp.shape(x)), jnp.result_type(x))
     return self._call("all_gather", [x], [shape], (next(self.places), "forward"))[0]
 
-  def psum_scatter(self, x: jax.Array) -> jax.Array:
-    """Sums x (leading dim divisible by M) over workers; worker i keeps block i."""
+  def psum_scatter(self, x: jax.Array, dimension: int = 0) -> jax.Array:
+    """Sums x (its `dimension` divisible by M) over workers; worker i keeps
+    block i along it."""
+    x = jnp.moveaxis(x, dimension, 0)
     shape = jax.ShapeDtypeStruct((x.shape[0] // self.size, *x.shape[1:]), x.dtype)
-    return self._call("psum_scatter", [x], [shape], (next(self.places), "forward"))[0]
+    block = self._call("psum_scatter", [x], [shape], (next(self.places), "forward"))[0]
+    return jnp.moveaxis(block, 0, dimension)

@@ -55,7 +55,7 @@ def test_each_worker_holds_the_smallest_equal_shard():
   engine = make_engine(RunConfig.make(algorithm="bsp", workers=3, model="mlp"))
   state = engine.worker_states(engine.init(jax.random.key(0)))
   params = 64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # the mlp on 8x8 digits
-  assert state.server_params.shape == (3, math.ceil(params / 3))
+  assert state.server_params.shape == (3, 1, math.ceil(params / 3))
 
 
 def test_the_server_checks_refuse_by_name():
