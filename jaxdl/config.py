@@ -147,7 +147,7 @@ class DistributedConfig:
   worker_devices: tuple[str, ...] | None = None
   """--engine mesh, a synchronous algorithm: each worker's device, PLATFORM[:INDEX] (e.g. gpu cpu cpu: one worker on the accelerator and two on the CPU in one synchronous step); each worker then runs its own program on its own device (as with --partition proportional or adaptive, or --compute-time). Unset: worker w on the default backend's device w mod their number."""
   pin_workers: bool = False
-  """--engine ray: each asynchronous worker's process on one core of its own (worker w on core w mod the cores it may use), one rank per core: a worker's gradient then does not spread over the other workers' cores through XLA's threads. A replay of such a run (--replay) ignores it."""
+  """--engine ray: each asynchronous worker's process on one core of its own (worker w on core w mod the cores it may use), one rank per core: a worker's gradient then does not spread over the other workers' cores through XLA's threads. A replay of such a run (--replay) computes on one core too, as its workers did: XLA's CPU matrix products sum in an order that depends on the number of threads, and a replay on more cores would not give the run's bits."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,6 +110,11 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   """
   config, task = resolve_task((config or RunConfig()).replace(**overrides), task)
   validate(config)
+  if config.output.replay:
+    from jaxdl.engines.sim import compute_as_recorded
+    warning = compute_as_recorded(config.output.replay)
+    if warning:
+      warnings.warn(warning, stacklevel=3)  # at the caller of jaxdl.run
   distributed.initialize(config.distributed)
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():

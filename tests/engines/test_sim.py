@@ -1,6 +1,10 @@
 """The sim engine: reproducible runs, replayed traces, resumption, and the
 same math as the mesh engine for collective algorithms."""
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import chex
 import pytest
@@ -283,3 +287,34 @@ def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
       np.testing.assert_array_equal(a, b)
     assert temp(k, 64, 2) < temp(k, 64, 1) + row  # (K metrics and batch rows grow)
     assert temp(k, 10**6, 2) > temp(k, 10**6, 1) + 50 * row
+
+
+_CORES_AFTER = """
+import json, os, sys, warnings
+import jax
+if sys.argv[2] == "started":
+  jax.devices()
+from jaxdl.engines.sim import compute_as_recorded
+print(json.dumps([compute_as_recorded(sys.argv[1]), len(os.sched_getaffinity(0))]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a process that may run on two cores or more")
+@pytest.mark.parametrize("worker_cores, started", [(1, "fresh"), (2, "fresh"), (1, "started")])
+def test_a_replay_computes_on_as_many_cores_as_the_recorded_workers(tmp_path, worker_cores,
+                                                                    started):
+  """(Run in a process of its own: the affinity is the process's.)"""
+  cores = sorted(os.sched_getaffinity(0))
+  processes = [{"role": "driver", "cores": cores}, {"role": "server", "cores": cores}] + [
+      {"role": f"worker {w}", "cores": [cores[(w + i) % len(cores)] for i in range(worker_cores)]}
+      for w in range(2)]
+  (tmp_path / "cluster.json").write_text(json.dumps({"processes": processes}))
+  (tmp_path / "trace.jsonl").write_text("")
+  result = subprocess.run([sys.executable, "-c", _CORES_AFTER, str(tmp_path / "trace.jsonl"),
+                           started], capture_output=True, text=True, check=True)
+  warning, after = json.loads(result.stdout.strip().splitlines()[-1])
+  if started == "started":  # too late to change the threads jax runs: said so
+    assert after == len(cores) and "may not give the run's bits" in warning
+  else:
+    assert warning is None and after == (1 if worker_cores == 1 else len(cores))

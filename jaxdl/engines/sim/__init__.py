@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -163,6 +164,40 @@ def recorded_engine(path: str) -> str | None:
       return json.load(f)["algorithm"]["engine"]
   except (OSError, ValueError, KeyError, TypeError):
     return None
+
+
+def recorded_worker_cores(path: str) -> int | None:
+  """How many cores each worker process of the run that wrote a trace.jsonl
+  could run on, from the cluster.json beside it (None: no readable record,
+  or workers with different numbers)."""
+  try:
+    with open(Path(path).parent / "cluster.json") as f:
+      counts = {len(p["cores"]) for p in json.load(f)["processes"]
+                if str(p["role"]).startswith("worker")}
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  return counts.pop() if len(counts) == 1 else None
+
+
+def compute_as_recorded(path: str) -> str | None:
+  """Puts this process on as many cores as each worker of the recorded run
+  had (--pin-workers: one), before jax starts: XLA's CPU matrix products
+  (YNNPACK's) sum in an order that depends on the number of threads, which
+  follows the cores, so a replay on more cores would not give the run's bits.
+  Returns a warning where it cannot (jax already started), else None."""
+  from jax._src import xla_bridge  # (no public way to ask whether jax has started)
+  recorded = recorded_worker_cores(path)
+  if recorded is None or not hasattr(os, "sched_setaffinity"):
+    return None
+  cores = sorted(os.sched_getaffinity(0))
+  if recorded >= len(cores):
+    return None
+  if xla_bridge.backends_are_initialized():
+    return (f"the recorded workers each ran on {recorded} of the cores and jax already "
+            f"runs on {len(cores)} in this process: the replay may not give the run's bits "
+            "(replay in a new process, e.g. with the jaxdl command)")
+  os.sched_setaffinity(0, cores[:recorded])
+  return None
 
 
 class SimEngine(base.LocalProcess):
