@@ -184,15 +184,20 @@ def compute_as_recorded(path: str) -> str | None:
   had (--pin-workers: one), before jax starts: XLA's CPU matrix products
   (YNNPACK's) sum in an order that depends on the number of threads, which
   follows the cores, so a replay on more cores would not give the run's bits.
-  Returns a warning where it cannot (jax already started), else None."""
-  from jax._src import xla_bridge  # (no public way to ask whether jax has started)
+  The process stays on them. Returns a warning where it cannot (jax already
+  started), else None."""
   recorded = recorded_worker_cores(path)
   if recorded is None or not hasattr(os, "sched_setaffinity"):
     return None
   cores = sorted(os.sched_getaffinity(0))
   if recorded >= len(cores):
     return None
-  if xla_bridge.backends_are_initialized():
+  try:  # (no public way to ask whether jax has started)
+    from jax._src import xla_bridge
+    started = xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    started = True  # unknown: warn rather than change what may be too late to change
+  if started:
     return (f"the recorded workers each ran on {recorded} of the cores and jax already "
             f"runs on {len(cores)} in this process: the replay may not give the run's bits "
             "(replay in a new process, e.g. with the jaxdl command)")
