@@ -463,12 +463,7 @@ def validate(config: RunConfig) -> RunConfig:
     data.check_name(c["dataset"])
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])
-  if c["compute_dtype"] not in models.COMPUTE_DTYPES:
-    raise ConfigError("compute_dtype", c["compute_dtype"],
-                      "one of " + ", ".join(models.COMPUTE_DTYPES))
-  if c["compute_dtype"] != "float32" and c["model"] in models.TEXT_MODELS:
-    raise ConfigError("compute_dtype", c["compute_dtype"], "float32 for a text model "
-                      "(bfloat16 is for the zoo's image models)")
+  models.check_compute_dtype(c["compute_dtype"], c["model"])
   cluster.parse_bandwidth(c["network"])
   if cluster.is_profile(c["cluster"]):
     cluster.read_profile(c["cluster"])

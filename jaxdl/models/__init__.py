@@ -12,8 +12,8 @@ from jaxdl.models import resnet, simple, transformer, vgg, vit
 from jaxdl.models.base import Model, from_nnx, with_compute_dtype
 from jaxdl.registry import Registry
 
-__all__ = ["COMPUTE_DTYPES", "MODELS", "TEXT_MODELS", "Model", "build_model", "check_model",
-           "count_params", "with_compute_dtype"]
+__all__ = ["COMPUTE_DTYPES", "MODELS", "TEXT_MODELS", "Model", "build_model",
+           "check_compute_dtype", "check_model", "count_params", "with_compute_dtype"]
 
 # An entry builds an NNX module: entry(image_shape, num_classes, stem, rngs=...).
 Builder = Callable[..., Any]
@@ -78,12 +78,21 @@ def check_model(name: str) -> None:
     raise ConfigError("model", name, "one of " + ", ".join(MODELS.names() + TEXT_MODELS.names()))
 
 
+def check_compute_dtype(dtype: str, model: str | None = None) -> None:
+  """Raises the ConfigError for a dtype the models do not compute in, or for
+  bfloat16 with a text model (`model`)."""
+  if dtype not in COMPUTE_DTYPES:
+    raise ConfigError("compute_dtype", dtype, "one of " + ", ".join(COMPUTE_DTYPES))
+  if dtype != "float32" and model in TEXT_MODELS:
+    raise ConfigError("compute_dtype", dtype, "float32 for a text model "
+                      "(bfloat16 is for the zoo's image models)")
+
+
 def build_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
                 stem: str = "auto", compute_dtype: str = "float32") -> Model:
   """Builds the registered model ``name`` for HxWxC images and ``num_classes``,
   computing in ``compute_dtype`` (`with_compute_dtype`)."""
-  if compute_dtype not in COMPUTE_DTYPES:
-    raise ConfigError("compute_dtype", compute_dtype, "one of " + ", ".join(COMPUTE_DTYPES))
+  check_compute_dtype(compute_dtype)
   entry = MODELS.get(name)
   image_shape = tuple(int(d) for d in image_shape)
   if image_shape[:2] == (1, 1) and name != "mlp":

@@ -290,7 +290,7 @@ def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
 
 
 _CORES_AFTER = """
-import json, os, sys, warnings
+import json, os, sys
 import jax
 if sys.argv[2] == "started":
   jax.devices()

@@ -156,27 +156,29 @@ REAL_ENGINES = ("ray",)
 """Engines whose traces are a real run's: they replay with "events" batching."""
 
 
+def _beside(path: str, name: str, read):
+  """`read` of the JSON file `name` beside a trace.jsonl; None where it is
+  missing, unreadable or not as `read` expects."""
+  try:
+    with open(Path(path).parent / name) as f:
+      return read(json.load(f))
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
 def recorded_engine(path: str) -> str | None:
   """The engine that wrote a trace.jsonl, from the config.json beside it (None:
   no readable config there)."""
-  try:
-    with open(Path(path).parent / "config.json") as f:
-      return json.load(f)["algorithm"]["engine"]
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
+  return _beside(path, "config.json", lambda c: c["algorithm"]["engine"])
 
 
 def recorded_worker_cores(path: str) -> int | None:
   """How many cores each worker process of the run that wrote a trace.jsonl
   could run on, from the cluster.json beside it (None: no readable record,
   or workers with different numbers)."""
-  try:
-    with open(Path(path).parent / "cluster.json") as f:
-      counts = {len(p["cores"]) for p in json.load(f)["processes"]
-                if str(p["role"]).startswith("worker")}
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-  return counts.pop() if len(counts) == 1 else None
+  counts = _beside(path, "cluster.json", lambda c: {
+      len(p["cores"]) for p in c["processes"] if str(p["role"]).startswith("worker")})
+  return counts.pop() if counts and len(counts) == 1 else None
 
 
 def compute_as_recorded(path: str) -> str | None:
