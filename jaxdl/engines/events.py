@@ -146,6 +146,14 @@ class EventReplay:
       raise TypeError(f"no event replay for {type(algorithm).__name__}")
     self.programs = EventPrograms(algorithm, streams, servers)
     self.streams = streams
+    # Moving a worker's state in and out of the stacked states: jitted, as
+    # op-by-op indexing dispatched a gather or a scatter per leaf, most of a
+    # replay's time; the stacked states written in place (donated) in a copy
+    # of the caller's, made once a call.
+    self._take = jax.jit(take)
+    self._put = jax.jit(lambda states, w, value: jax.tree.map(
+        lambda x, y: x.at[w].set(y), states, value), donate_argnums=0)
+    self._copy = jax.jit(lambda states: jax.tree.map(jnp.copy, states))
 
   def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str],
                slots: Sequence[int] = ()):
@@ -153,7 +161,8 @@ class EventReplay:
     sums, count = {k: 0.0 for k in metric_names}, 0
     p, algorithm, none = self.programs, self.programs.algorithm, np.float32(0.0)
     centralized = isinstance(algorithm, Centralized)
-    put = lambda states, w, v: jax.tree.map(lambda x, y: x.at[w].set(y), states, v)
+    take, put = self._take, self._put
+    server, workers = self._copy((server, workers))
     for i, e in enumerate(events):
       if e.kind == "restart" and e.peer >= 0:  # the worker rejoins with a copy of peer's state
         workers = put(workers, e.worker, take(workers, e.peer))
