@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -308,12 +309,30 @@ def _environment() -> None:
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 
+EXIT_GRACE_S = 60.0
+"""How long an interrupted command's exit may wait on other threads."""
+
+
+def _exit_within(seconds: float, code: int) -> None:
+  """Ends the process with `code` if it has not exited within `seconds`. An
+  interrupt that lands while orbax starts an asynchronous checkpoint can
+  leave orbax's threads waiting for a signal that never comes, and Python's
+  exit waits for them (the run's own cleanup is done by then)."""
+  def end():
+    time.sleep(seconds)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  threading.Thread(target=end, name="jaxdl-exit", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
   _environment()
   try:  # `kill -USR1 PID`: every thread's stack to stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)
   except (AttributeError, ValueError):  # no SIGUSR1 here, or stderr is not a file
     pass
+  program = argv is None and threading.current_thread() is threading.main_thread()
   argv = sys.argv[1:] if argv is None else list(argv)
   if not argv or argv[0] in ("-h", "--help"):
     print(USAGE)
@@ -337,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     kept = " (finished cells are kept: rerun the command to run the rest)" \
         if argv[0] == "compare" else ""
     print(f"jaxdl {argv[0]}: interrupted{kept}", file=sys.stderr)
+    if program:
+      _exit_within(EXIT_GRACE_S, 130)
     return 130
   finally:
     gc.callbacks.remove(_Collecting.start)

@@ -172,3 +172,24 @@ def test_a_stopped_cell_ends_its_process(tmp_path):
       cell.result(timeout=30)
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_an_interrupted_command_exits_though_a_thread_never_ends():
+  """An interrupt whose exit would wait forever on another thread (orbax's,
+  after an interrupted asynchronous checkpoint) ends the process with 130
+  once the grace period is over."""
+  script = """if True:
+    import sys, threading
+    from jaxdl import cli
+    cli.EXIT_GRACE_S = 1.0
+    threading.Thread(target=threading.Event().wait).start()  # never ends, not a daemon
+    def interrupted(argv):
+      raise KeyboardInterrupt
+    cli.COMMANDS["interrupted"] = interrupted
+    sys.argv = ["jaxdl", "interrupted"]
+    sys.exit(cli.main())
+  """
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=60)
+  assert done.returncode == 130
+  assert done.stderr.strip().splitlines()[-1] == "jaxdl interrupted: interrupted"
