@@ -22,9 +22,9 @@ import numpy as np
 import tyro
 
 from bench.timing import interleaved, machine, report
-from jaxdl.runner import setup
 from jaxdl.config import RunConfig
 from jaxdl.engines.events import EventReplay, take
+from jaxdl.runner import setup
 
 
 @dataclasses.dataclass(frozen=True)
