@@ -313,11 +313,11 @@ EXIT_GRACE_S = 60.0
 """How long an interrupted command's exit may wait on other threads."""
 
 
-def _exit_within(seconds: float, code: int) -> None:
+def exit_within(seconds: float, code: int) -> None:
   """Ends the process with `code` if it has not exited within `seconds`. An
   interrupt that lands while orbax starts an asynchronous checkpoint can
-  leave orbax's threads waiting for a signal that never comes, and Python's
-  exit waits for them (the run's own cleanup is done by then)."""
+  leave orbax's threads waiting for a signal that never comes, and a wait
+  for them (Python's exit, a checkpoint's close) would never end."""
   def end():
     time.sleep(seconds)
     sys.stdout.flush()
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "compare" else ""
     print(f"jaxdl {argv[0]}: interrupted{kept}", file=sys.stderr)
     if program:
-      _exit_within(EXIT_GRACE_S, 130)
+      exit_within(EXIT_GRACE_S, 130)
     return 130
   finally:
     gc.callbacks.remove(_Collecting.start)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
+from jaxdl.cli import exit_within
 from jaxdl.cluster import is_profile
 from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
                           RunConfig)
@@ -528,8 +529,11 @@ def _end_cell(signum, frame) -> None:
   # An asynchronous checkpoint the cell was writing dies with its process
   # (orbax logs its thread's error at shutdown): the next run resumes from the
   # last complete one. The pool itself may send SIGTERM again (as it finds
-  # itself broken), once the process is ending: that one is ignored.
+  # itself broken), once the process is ending: that one is ignored. The
+  # cell's cleanup has STOP_SECONDS: a wait on orbax's threads that the
+  # signal left stuck never ends.
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  exit_within(STOP_SECONDS, 128 + signum)
   logging.getLogger("absl").setLevel(logging.CRITICAL)
   raise _Stopped(128 + signum)
 

@@ -174,6 +174,33 @@ def test_a_stopped_cell_ends_its_process(tmp_path):
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def test_a_stopped_cell_ends_its_process_though_its_cleanup_never_ends():
+  """A pool process stopped with SIGTERM ends with 143 within STOP_SECONDS
+  even when the cell's cleanup waits forever (a checkpoint's close on orbax's
+  threads that the signal left stuck)."""
+  script = """if True:
+    import sys, threading, time
+    from jaxdl import compare
+    compare.STOP_SECONDS = 1.0
+    compare._worker_init(compare.os.getppid())
+    try:
+      print("running", flush=True)
+      time.sleep(60)
+    finally:
+      threading.Event().wait()  # a cleanup that never ends
+  """
+  process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+  try:
+    assert process.stdout.readline() == "running\n"
+    start = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    assert time.monotonic() - start < 10
+  finally:
+    process.kill()
+    process.wait()
+
+
 def test_an_interrupted_command_exits_though_a_thread_never_ends():
   """An interrupt whose exit would wait forever on another thread (orbax's,
   after an interrupted asynchronous checkpoint) ends the process with 130
