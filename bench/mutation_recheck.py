@@ -4,11 +4,12 @@
 
 RUN_DIR is the checkout the run was made in (its mutants/ holds the results).
 Each surviving mutant's diff (``mutmut show``) is applied to a scratch copy of
-this tree's jaxdl/ and tests/, and the tests of the mutated module
-(MODULE_TESTS, then ALWAYS, the fingerprints last) run against it with -x: a
-failure kills the mutant. Prints
-one line per mutant and the count; a diff that no longer applies (the code
-moved on) is reported as such, not counted.
+this tree (tests/ and what mutmut copies, pyproject.toml's `also_copy`), and
+the tests of the mutated module (MODULE_TESTS, then ALWAYS, the fingerprints
+last) run against it with -x: a failure kills the mutant. The same tests run
+first on the unmutated copy, and must pass there: otherwise a failure would
+say nothing of the mutant. Prints one line per mutant and the count; a diff
+that no longer applies (the code moved on) is reported as such, not counted.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,9 +29,11 @@ MODULE_TESTS = {
     "base": ["tests/test_task.py", "tests/algorithms"],  # Problem.check_task: a task's checks
     "lc_asgd": ["tests/algorithms/test_async_bn.py", "tests/algorithms/test_lc_asgd.py"],
     "schedule": ["tests/cluster/test_schedule.py"],
-    "task": ["tests/test_task.py"],
+    "task": ["tests/test_task.py", "tests/test_language_model.py"],
 }
 ALWAYS = ["tests/algorithms/test_setting_ranges.py", "tests/test_fingerprints.py"]
+# What a mutant's tests read besides jaxdl/ (the copies mutmut makes too)
+COPIED = ["tests", *tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["also_copy"]]
 
 
 def survivors(run_dir: Path) -> list[str]:
@@ -70,30 +74,51 @@ def apply(diff: str, tree: Path) -> bool:
   return False
 
 
-def recheck(run_dir: Path, name: str, scratch: Path) -> str:
-  diff = subprocess.run(["mutmut", "show", name], cwd=run_dir, capture_output=True,
-                        text=True).stdout
-  for part in ("jaxdl", "tests"):
-    shutil.rmtree(scratch / part, ignore_errors=True)
-    shutil.copytree(ROOT / part, scratch / part)
-  shutil.copy(ROOT / "pyproject.toml", scratch)
-  if not apply(diff, scratch):
-    return "does not apply"
+def _copy(scratch: Path) -> None:
+  """This tree's files that the tests read, afresh in `scratch`."""
+  for part in dict.fromkeys(["jaxdl", *COPIED, "pyproject.toml"]):
+    target = scratch / part
+    if target.is_dir():
+      shutil.rmtree(target)
+    if (ROOT / part).is_dir():
+      shutil.copytree(ROOT / part, target)
+    else:
+      shutil.copy(ROOT / part, target)
+
+
+def _passes(scratch: Path, tests: list[str]) -> tuple[bool, str]:
+  """Whether `tests` pass on the scratch tree, and pytest's last lines."""
   # Run from the scratch tree, so that its (mutated) jaxdl is the one imported.
   env = {**os.environ, "PYTHONPATH": str(scratch)}
   result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                           "-n", "2", "-m", "", *tests_for(name)], cwd=scratch, env=env,
+                           "-n", "2", "-m", "", *tests], cwd=scratch, env=env,
                           capture_output=True, text=True)
-  return "killed" if result.returncode else "survived"
+  return result.returncode == 0, "\n".join(result.stdout.splitlines()[-5:])
+
+
+def recheck(run_dir: Path, name: str, scratch: Path, controlled: set) -> str:
+  diff = subprocess.run(["mutmut", "show", name], cwd=run_dir, capture_output=True,
+                        text=True).stdout
+  tests = tests_for(name)
+  _copy(scratch)
+  if tuple(tests) not in controlled:  # the same tests, unmutated, must pass
+    passed, tail = _passes(scratch, tests)
+    if not passed:
+      sys.exit(f"the unmutated tree fails {' '.join(tests)}:\n{tail}")
+    controlled.add(tuple(tests))
+  if not apply(diff, scratch):
+    return "does not apply"
+  return "survived" if _passes(scratch, tests)[0] else "killed"
 
 
 def main(argv: list[str]) -> int:
   run_dir, names = Path(argv[0]), argv[1:]
   names = names or survivors(run_dir)
   counts: dict[str, int] = {}
+  controlled: set = set()
   with tempfile.TemporaryDirectory() as tmp:
     for name in names:
-      verdict = recheck(run_dir, name, Path(tmp))
+      verdict = recheck(run_dir, name, Path(tmp), controlled)
       counts[verdict] = counts.get(verdict, 0) + 1
       print(f"{name}: {verdict}", flush=True)
   print(counts)
