@@ -8,11 +8,11 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
 from jaxdl.errors import ConfigError
+from jaxdl.shutdown import exit_within
 
 USAGE = """usage: jaxdl COMMAND [FLAGS]
 
@@ -311,19 +311,6 @@ def _environment() -> None:
 
 EXIT_GRACE_S = 60.0
 """How long an interrupted command's exit may wait on other threads."""
-
-
-def exit_within(seconds: float, code: int) -> None:
-  """Ends the process with `code` if it has not exited within `seconds`. An
-  interrupt that lands while orbax starts an asynchronous checkpoint can
-  leave orbax's threads waiting for a signal that never comes, and a wait
-  for them (Python's exit, a checkpoint's close) would never end."""
-  def end():
-    time.sleep(seconds)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-  threading.Thread(target=end, name="jaxdl-exit", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
-from jaxdl.cli import exit_within
 from jaxdl.cluster import is_profile
 from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
                           RunConfig)
 from jaxdl.errors import ConfigError, flag
+from jaxdl.shutdown import exit_within
 
 GRID_FILE, CELLS_FILE = "grid.json", "cells.json"
 
