@@ -33,7 +33,8 @@ MODULE_TESTS = {
 }
 ALWAYS = ["tests/algorithms/test_setting_ranges.py", "tests/test_fingerprints.py"]
 # What a mutant's tests read besides jaxdl/ (the copies mutmut makes too)
-COPIED = ["tests", *tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["also_copy"]]
+COPIED = ["tests",
+          *tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]["also_copy"]]
 
 
 def survivors(run_dir: Path) -> list[str]:

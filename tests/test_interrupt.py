@@ -179,7 +179,7 @@ def test_a_stopped_cell_ends_its_process_though_its_cleanup_never_ends():
   even when the cell's cleanup waits forever (a checkpoint's close on orbax's
   threads that the signal left stuck)."""
   script = """if True:
-    import sys, threading, time
+    import threading, time
     from jaxdl import compare
     compare.STOP_SECONDS = 1.0
     compare._worker_init(compare.os.getppid())
