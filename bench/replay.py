@@ -23,7 +23,7 @@ import tyro
 
 from bench.timing import interleaved, machine, report
 from jaxdl.config import RunConfig
-from jaxdl.engines.events import EventReplay, take
+from jaxdl.engines.events import EventReplay, put, take
 from jaxdl.runner import setup
 
 
@@ -42,7 +42,7 @@ class OpByOp(EventReplay):
   def __init__(self, *args):
     super().__init__(*args)
     self._take = take
-    self._put = lambda states, w, v: jax.tree.map(lambda x, y: x.at[w].set(y), states, v)
+    self._put = put
     self._copy = lambda states: states
 
 

@@ -64,6 +64,11 @@ def take(stacked, worker: int):
   return jax.tree.map(lambda x: x[worker], stacked)
 
 
+def put(stacked, worker: int, state):
+  """The states stacked over workers, with worker `worker`'s replaced by `state`."""
+  return jax.tree.map(lambda x, y: x.at[worker].set(y), stacked, state)
+
+
 def stack(states: Sequence):
   return jax.tree.map(lambda *x: jnp.stack(x), *states)
 
@@ -151,8 +156,7 @@ class EventReplay:
     # replay's time; the stacked states written in place (donated) in a copy
     # of the caller's, made once a call.
     self._take = jax.jit(take)
-    self._put = jax.jit(lambda states, w, value: jax.tree.map(
-        lambda x, y: x.at[w].set(y), states, value), donate_argnums=0)
+    self._put = jax.jit(put, donate_argnums=0)
     self._copy = jax.jit(lambda states: jax.tree.map(jnp.copy, states))
 
   def __call__(self, server, workers, events: Sequence, metric_names: Sequence[str],
