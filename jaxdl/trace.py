@@ -36,7 +36,8 @@ Event kinds, by the shape of the algorithm's communication
              global batch is `sizes[m]` (--partition proportional or
              adaptive: the sizes sum to B; jaxdl.partition)
 
-"wait" events (a worker idle, e.g. blocked by SSP's bound or at a barrier)
+"wait" events (a worker idle, e.g. blocked by SSP's bound, at a barrier, or
+a GoSGD push waiting for the merge of the worker's last message)
 carry no math and only feed the statistics; neither does a parameter
 server's "restart" (a real engine's worker process failed and was restarted
 at its clock `iteration`; it pulls again). A "restart" that names a `peer`

@@ -225,16 +225,24 @@ def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedul
 
   The push ("send") fixes the message, the sender's model and half its weight
   at that moment (a model's bytes, or with compressed messages,
-  `cost.message_bytes`). The sender does not wait: its next step starts at once
-  while the message crosses its own and the peer's links; the peer merges
-  the message as sent on arrival ("gossip"). With a central process's time
-  per event (`cost.order_s`: a real engine's coordinator orders every event),
-  each event happens once granted, one grant at a time.
+  `cost.message_bytes`). The sender goes on at once while the message crosses
+  its own and the peer's links; the peer merges the message as sent on
+  arrival ("gossip"). A worker has one message in flight at a time, as a
+  real sender reuses its send buffer (MPI's Isend then Wait, the ray
+  engine's wait for its last message): a push while its last message is
+  still in flight waits for that message's merge ("wait", its duration),
+  then is sent. Without that bound, gossip faster than the links carry
+  would queue without end, each message older on arrival than the last.
+  With a central process's time per event (`cost.order_s`: a real engine's
+  coordinator orders every event), each event happens once granted, one
+  grant at a time.
   """
   _check("gossip_probability", probability, 0.0 <= probability <= 1.0,
          "a probability in [0, 1]")
   sim, m, order = _Sim(cost, budget), cost.num_workers, cost.order_s
   COMPUTED, DELIVER, LOCAL, MERGE = 0, 1, 2, 3
+  in_flight = [False] * m  # per worker: its last message not yet merged
+  held = [None] * m        # per worker: (the step whose push waits for it, since when)
 
   def step(w: int, i: int, ready: float) -> None:
     sim.at(ready + cost.compute_time(w, i), COMPUTED, w, i)
@@ -245,13 +253,21 @@ def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedul
   def local(w: int, i: int, _) -> None:
     if sim.update("local", w, iteration=i):
       return
-    ready = sim.now
     if m > 1 and cost.uniform("gossip", w, i) < probability:
-      peer = _other(cost.uniform("gossip_peer", w, i), w, m)
-      sim.emit("send", w, iteration=i, peer=peer)
-      if order:  # the send's own grant (the message is the model as it is now)
-        ready = sim.net.serve(w, ready, order)
-      sim.at(sim.net.peer(w, peer, ready, cost.push_bytes), DELIVER, w, i, peer)
+      if in_flight[w]:
+        held[w] = i, sim.now
+      else:
+        send(w, i)
+    else:
+      step(w, i + 1, sim.now)
+
+  def send(w: int, i: int) -> None:
+    peer = _other(cost.uniform("gossip_peer", w, i), w, m)
+    sim.emit("send", w, iteration=i, peer=peer)
+    in_flight[w], ready = True, sim.now
+    if order:  # the send's own grant (the message is the model as it is now)
+      ready = sim.net.serve(w, ready, order)
+    sim.at(sim.net.peer(w, peer, ready, cost.push_bytes), DELIVER, w, i, peer)
     step(w, i + 1, ready)
 
   def deliver(w: int, i: int, peer: int) -> None:
@@ -259,6 +275,11 @@ def gossip(cost: CostModel, budget: Budget | int, probability: float) -> Schedul
 
   def merge(w: int, i: int, peer: int) -> None:
     sim.emit("gossip", w, iteration=i, peer=peer)
+    in_flight[w] = False
+    if held[w] is not None:
+      (j, since), held[w] = held[w], None
+      sim.emit("wait", w, iteration=j, duration=sim.now - since)
+      send(w, j)
 
   for w in range(m):
     step(w, 0, 0.0)

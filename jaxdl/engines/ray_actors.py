@@ -830,13 +830,14 @@ class Peer:
   def _gossip(self, c: int, peers) -> None:
     """GoSGD: after each local step, with probability p, a message to a
     random peer; the worker goes on at once, the peer merges it on arrival
-    (the draws are the same in every run)."""
-    import ray
+    (the draws are the same in every run). One message in flight at a time:
+    a push first waits for the last one's merge, as on the sim engine."""
     sent = {}  # a message's delivery -> (its step, the message)
     while self._local(c):
       rng = np.random.default_rng([self.seed, self.w, c])
       if len(peers) > 1 and rng.random() < self.algorithm.probability:
         k = self._other(rng, len(peers))
+        self._returned(sent, timeout=None)
         with self.lock:
           new, message = self.programs.send(self.state, np.int32(k))
           message = jax.device_get(message)

@@ -209,13 +209,29 @@ def test_a_gossip_message_is_sent_after_the_step_and_arrives_later():
     assert events[sent].peer == e.peer and events[sent].time < e.time
 
 
-def test_gossip_sender_does_not_wait():
-  def local_times(p):
-    return [(e.worker, e.iteration, e.time) for e in gossip(_cost(), 50, p)
-            if e.kind == "local"]
+def test_a_gossip_sender_waits_only_while_its_last_message_is_in_flight():
+  def local_times(cost, p):
+    return [(e.worker, e.iteration, e.time) for e in gossip(cost, 50, p) if e.kind == "local"]
 
-  assert sorted(local_times(1.0)) == sorted(local_times(0.0))
+  fast = _cost(model_bytes=4e5)  # 0.3 ms a message, steps of 57-100 ms
+  assert sorted(local_times(fast, 1.0)) == sorted(local_times(fast, 0.0))
   assert not any(e.kind in ("send", "gossip") for e in gossip(_cost(1), 20, 1.0))
+  slow = gossip(_cost(model_bytes=4e8), 200, 1.0)  # 0.32 s a message: pushes wait
+  in_flight, merged_at = {}, {}
+  for e in slow:
+    if e.kind == "send":
+      assert e.worker not in in_flight  # one message a worker at a time
+      in_flight[e.worker] = e.iteration
+    elif e.kind == "gossip":
+      assert in_flight.pop(e.worker) == e.iteration
+      merged_at[e.worker] = e.time
+    elif e.kind == "wait":  # from the push's step to the last message's merge
+      assert e.time == merged_at[e.worker] and e.duration > 0
+  waits = [e for e in slow if e.kind == "wait"]
+  assert len(waits) > 100
+  follows = {(e.worker, e.iteration, e.time) for e in slow if e.kind == "send"}
+  assert all((e.worker, e.iteration, e.time) in follows for e in waits)
+  assert sum(summarize(slow, 4)["wait_s"]) == pytest.approx(sum(e.duration for e in waits))
 
 
 def test_decentralized_pull_average_apply():
@@ -364,23 +380,29 @@ def test_bsp_at_a_server_by_hand():
 
 
 def test_gossip_between_two_workers_by_hand():
-  """With p = 1 each of two workers sends every step to the other; each
-  worker's steps are numbered 0, 1, ... and the first ends after its first
-  batch's compute time (1 s and 0.5 s), the messages crossing while the
-  sender computes on."""
+  """With p = 1 each of two workers sends every step to the other; the first
+  steps end after their batches' compute time (1 s and 0.5 s). A message
+  takes 1.1 s to merge (1 s on the links, 0.1 s latency), longer than either
+  step: from its second step on, each worker's push waits for its last
+  message's merge, then the worker computes on. Both go at the links' pace,
+  a step every 1.1 s."""
   cost = CostModel(2, compute_s=1.0, model_bytes=1e9, bandwidth=1e9, latency=0.1,
                    speeds=(1.0, 2.0))
   events = gossip(cost, 12, probability=1.0)
   local = {w: [(e.iteration, e.time) for e in events if e.kind == "local" and e.worker == w]
            for w in (0, 1)}
-  for w, seconds in ((0, 1.0), (1, 0.5)):
-    assert [i for i, _ in local[w]] == list(range(len(local[w])))
-    ends = [seconds * (i + 1) for i in range(len(local[w]))]
-    assert [t for _, t in local[w]] == pytest.approx(ends)
-  assert len(local[0]) + len(local[1]) == 12 and len(local[1]) == 2 * len(local[0])
+  for w, ends in ((0, [1.0, 2.0]), (1, [0.5, 1.0])):
+    ends += [ends[-1] + 1.1 * k for k in range(1, len(local[w]) - 1)]
+    assert local[w] == [(i, pytest.approx(t)) for i, t in enumerate(ends)]
+  assert len(local[0]) + len(local[1]) == 12
   sent = [e for e in events if e.kind == "send"]
-  assert len(sent) == 12 - 1  # every step but the one that spends the budget
   assert all(e.peer == 1 - e.worker for e in sent)
+  # worker 1's second push (at 1 s) waits for its first message's merge, at 1.6 s;
+  # worker 0's (at 2 s), for its first's at 2.1 s
+  waits = [(e.worker, e.iteration, e.time, e.duration) for e in events if e.kind == "wait"]
+  assert waits[:2] == [(1, 1, pytest.approx(1.6), pytest.approx(0.6)),
+                       (0, 1, pytest.approx(2.1), pytest.approx(0.1))]
+  assert all(d == pytest.approx(0.6 if w else 0.1) for w, _, _, d in waits)
 
 
 def test_elastic_by_hand():
