@@ -44,6 +44,14 @@ ACCURACY = "test_accuracy"  # the target metric of runs that do not name one
 REPORT = "report.md"
 
 
+WAIT_NOTE = ("Wait is the time a worker is held by its algorithm's rule: at a synchronous "
+             "step's barrier (at a parameter server, until the last gradient has arrived), "
+             "by SSP's bound, or with a GoSGD push behind its last message still in flight. "
+             "An asynchronous worker's own transfers, and their queueing on busy links, are "
+             "not in it.")
+"""The scaling table's note on what its wait column counts."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportArgs:
   """Write report.md and PNG plots of a comparison directory (from jaxdl compare)
@@ -432,7 +440,7 @@ class Report:
         parts += [f"### {self.error_label}, BN / Async-BN{where} (LC-ASGD Table 3)",
                   self.bn_error_table(net)]
       parts += [f"### Speedup, time to target, waiting, staleness, bytes{where}",
-                self.scaling_table(net)]
+                self.scaling_table(net), WAIT_NOTE]
       if self.heterogeneous(net):
         parts += [f"### Partitions of the global batch: time per epoch, idle workers{where} "
                   "(the Choi seed's comparison)", self.partition_table(net)]
