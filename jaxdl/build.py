@@ -147,7 +147,8 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   optimizer = make_optimizer(run_optim(config), total, streams.steps_per_epoch, per_step)
   problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
                     async_bn=config.algorithm.async_bn, seed=config.train.seed,
-                    compress=config.algorithm.compress)
+                    compress=config.algorithm.compress,
+                    compress_pull=config.algorithm.compress_pull)
   problem.check_task(streams)
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)

@@ -95,7 +95,9 @@ class AlgorithmConfig:
   bn_decay: float = 0.1
   """Async-BN's d: E <- (1 - d) E + d * a worker's reported batch statistics."""
   compress: str = "none"
-  """NAME[:ARG]: compress each worker's outgoing message with error feedback (it sends C(x + e) and keeps the residual e, checkpointed with its state): topk[:FRACTION] (the largest FRACTION of each leaf, in (0, 1], default 0.01; values and int32 indices), randk[:FRACTION] (random coordinates, the same), qsgd[:LEVELS] (default 16), sign (scaled sign, a bit a coordinate), powersgd[:RANK] (default 2) or none. The message is the gradient for sgd, ar_sgd and bsp (before the all-reduce or push; compressed messages are all-gathered, M (M - 1) a step) and for asp, ssp, dc_asgd and lc_asgd (the push; the pull stays whole); the model difference from the last average for local_sgd, the outer gradient (theta - theta_m) for diloco, the elastic difference for easgd (the center's reply stays whole); for gosgd and ad_psgd, whose messages are whole models to a random peer, the model's difference from a reference that both ends of the ordered pair hold and both update with each message (error feedback without a residual: what was not sent stays in the difference; 2 M^2 reference models in all, so at most 32 workers); gosgd merges the receiver's reference, ad_psgd takes CHOCO-SGD's mean-preserving consensus step between the pair's references (--consensus-step). --engine sim times and counts (bytes_total) the compressed bytes; mesh and ray move the same values as dense arrays."""
+  """NAME[:ARG]: compress each worker's outgoing message with error feedback (it sends C(x + e) and keeps the residual e, checkpointed with its state): topk[:FRACTION] (the largest FRACTION of each leaf, in (0, 1], default 0.01; values and int32 indices), randk[:FRACTION] (random coordinates, the same), qsgd[:LEVELS] (default 16; a norm, a sign bit and a level per coordinate), sign (scaled sign, a bit a coordinate), powersgd[:RANK] (default 2; P and Q) or none. The message is the gradient for sgd, ar_sgd and bsp (before the all-reduce or push; compressed messages are all-gathered, M (M - 1) a step) and for asp, ssp, dc_asgd and lc_asgd (the push; the pull stays whole unless --compress-pull); the model difference from the last average for local_sgd, the outer gradient (theta - theta_m) for diloco, the elastic difference for easgd (the center's reply stays whole); for gosgd and ad_psgd, whose messages are whole models to a random peer, the model's difference from a reference that both ends of the ordered pair hold and both update with each message (error feedback without a residual: what was not sent stays in the difference; 2 M^2 reference models in all, so at most 32 workers); gosgd merges the receiver's reference, ad_psgd takes CHOCO-SGD's mean-preserving consensus step between the pair's references (--consensus-step). --engine sim times and counts (bytes_total) the compressed bytes; --engine ray sends each compressed message as its payload (values and indices, packed bits, factors), and counts the serialized bytes it sends; --engine mesh computes the same values but its collectives move them as dense arrays (README: Compressed messages)."""
+  compress_pull: str = "none"
+  """NAME[:ARG], as --compress: a parameter server's reply to a pull (asp, ssp, dc_asgd, lc_asgd), compressed with the server's own error feedback (DoubleSqueeze, per worker): the server keeps the copy h_m of its parameters that worker m holds, sends q = C(w - h_m) and both add q to their copy (the residual w - h_m goes out in later replies); none sends the parameters whole."""
   settings: tyro.conf.Suppress[Any] = None
   """The algorithm's own settings (its `Settings` dataclass; None: its defaults). Set them by their flat names: RunConfig.make(algorithm="ssp", staleness_bound=5)."""
 
@@ -472,6 +474,7 @@ def validate(config: RunConfig) -> RunConfig:
   if c["optimizer"] is not None:
     optim.OPTIMIZERS.get(c["optimizer"])  # an unknown name first, whatever the algorithm
   parse_compress(c["compress"])
+  parse_compress(c["compress_pull"], "compress_pull")
   batch_sizes(config)
   policy(config)
   resolve(config)
@@ -518,7 +521,7 @@ def policy(config: RunConfig):
 def resolve(config: RunConfig):
   """The algorithm's registry entry and the name of the engine that runs it,
   checked against the rest of the config."""
-  from jaxdl.algorithms import ALGORITHMS, Centralized, Collective, async_bn
+  from jaxdl.algorithms import ALGORITHMS, Centralized, Collective, asp, async_bn
   from jaxdl.engines import engines_for
 
   cfg = config.algorithm
@@ -541,6 +544,7 @@ def resolve(config: RunConfig):
     spec.check(settings, config)
   if cfg.async_bn:
     async_bn.check(spec.shape, spec.name)
+  asp.check_pull(spec.shape, spec.name, cfg.compress_pull)
   if config.cluster.servers != 1 and not spec.has_server:
     servers = ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).has_server)
     raise ConfigError("servers", config.cluster.servers,

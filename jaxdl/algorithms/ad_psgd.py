@@ -97,8 +97,8 @@ def average(problem: Problem, worker: PeerWorker, peer: PeerWorker,
   m, k = worker.links.index, peer.links.index
   mine, q_mk = pairwise.encode(problem.compress, worker.links, worker.params, k)
   theirs, q_km = pairwise.encode(problem.compress, peer.links, peer.params, m)
-  mine, x_k = pairwise.decode(mine, q_km, k)
-  theirs, x_m = pairwise.decode(theirs, q_mk, m)
+  mine, x_k = pairwise.decode(problem.compress, mine, q_km, k)
+  theirs, x_m = pairwise.decode(problem.compress, theirs, q_mk, m)
   # r_{k->m} - r_{m->k}: both ends hold both references, bit for bit, and
   # a - b = -(b - a) in floating point: what m gains, k loses
   step = jax.tree.map(lambda r_km, r_mk: gamma * (r_km - r_mk), x_k, x_m)

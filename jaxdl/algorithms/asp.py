@@ -8,12 +8,28 @@ the slowest worker has finished c - s iterations (--staleness-bound s). The
 bound is scheduling policy: the engine enforces it, the math is ASP's.
 
 With --compress, a worker pushes C(g + e) and keeps its residual e (error
-feedback, in its `outbox`, which travels with its state); the server applies
-the push as it is. The pull stays whole: the server's parameters.
+feedback, in its `outbox`); the push is the payload (values and indices,
+norms and levels, ...), which the server decodes and applies.
+
+With --compress-pull, the server compresses its replies too, with error
+feedback of its own (DoubleSqueeze: Tang, Yu, Lian, Zhang, Liu, "Double-
+Squeeze: Parallel Stochastic Gradient Descent with Double-pass Error-
+Compensated Compression", ICML 2019, where one synchronous server
+compresses its averaged update with one residual). An asynchronous server
+serves each worker at its own time from its own version, so it keeps a
+ledger per worker: h_m, the copy of the parameters worker m holds (`held`).
+A pull sends q = C(w - h_m) and sets h_m <- h_m + q; the worker adds the
+same q to its own copy (`pulled`, bit for bit h_m) before computing on it.
+The residual is e_m = w - h_m: with Delta_m = w_t - w_{t'} the updates
+applied since m's last pull at version t', q = C(Delta_m + e_m) and
+e_m <- Delta_m + e_m - q, DoubleSqueeze's rule with a residual per worker
+(one residual for all would mix what each worker lacks). The ledger is a
+worker's state as the server keeps it (checkpointed with it); the worker
+never reads it.
 
 Versions read: `compute` reads the parameters the worker pulled (its entry in
-the staleness buffer); `apply` updates the server as it is when the push
-arrives.
+the staleness buffer; with --compress-pull, its copy as the reply moved
+it); `apply` updates the server as it is when the push arrives.
 """
 from __future__ import annotations
 
@@ -25,8 +41,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdl.algorithms import compression
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, server_evaluated
 from jaxdl.algorithms.shapes import Centralized
+from jaxdl.errors import ConfigError
 from jaxdl.settings import Settings, require, setting
 
 
@@ -37,10 +55,14 @@ class ServerState(NamedTuple):
 
 
 class WorkerState(NamedTuple):
-  pulled: Any       # the server parameters this worker last pulled (its staleness buffer entry)
+  pulled: Any       # the parameters its gradient is computed on: the server's, as it last
+  #                   pulled them (its staleness buffer entry; --compress-pull: its copy)
   model_state: Any  # this worker's batch-norm statistics
-  grads: Any        # the gradient of its current iteration, once computed (what it pushes)
+  grads: Any        # its push: the gradient's message (with --compress, its payload)
   outbox: Any = optax.EmptyState()  # the compression state of its pushes (--compress)
+  reply: Any = ()   # --compress-pull: the server's last reply, q's payload
+  held: Any = ()    # --compress-pull: the server's ledger h_m, the copy the worker holds
+  inbox: Any = optax.EmptyState()  # --compress-pull: the replies' compression state
 
 
 def init_server(problem: Problem, key, optimizer: optax.GradientTransformation) -> ServerState:
@@ -50,17 +72,53 @@ def init_server(problem: Problem, key, optimizer: optax.GradientTransformation) 
 
 
 def init(problem: Problem, key, worker=0) -> WorkerState:
+  """Every worker starts from the server's initial parameters (with
+  --compress-pull, its copy and the server's ledger both)."""
   params, model_state = problem.init_model(key)
-  return WorkerState(params, model_state, jax.tree.map(jnp.zeros_like, params),
-                     problem.init_outbox(params, worker))
+  state = WorkerState(params, model_state, compression.zeros(problem.compress, params),
+                      problem.init_outbox(params, worker))
+  if not problem.compresses_pull:
+    return state
+  return state._replace(reply=compression.zeros(problem.compress_pull, params), held=params,
+                        inbox=problem.init_inbox(params, worker))
 
 
-def compute(problem: Problem, worker: WorkerState, batch):
+def pull(problem: Problem, server, worker):
+  """The server's reply to a worker: its parameters, or with
+  --compress-pull q = C(w - h_m) with h_m <- h_m + q (the worker adds q to
+  its copy when it computes: `received`)."""
+  if not problem.compresses_pull:
+    return worker._replace(pulled=server.params)
+  key, draw = jax.random.split(jax.random.wrap_key_data(worker.inbox.key))
+  reply, held, memory = compression.toward(problem.compress_pull, server.params, worker.held,
+                                           draw, worker.inbox.memory)
+  return worker._replace(reply=reply, held=held, inbox=worker.inbox._replace(
+      memory=memory, key=jax.random.key_data(key)))
+
+
+def received(problem: Problem, worker):
+  """The parameters the worker computes on: what it pulled, or with
+  --compress-pull its copy moved by the server's last reply (the bits of
+  the server's ledger)."""
+  if not problem.compresses_pull:
+    return worker.pulled
+  return compression.moved(problem.compress_pull, worker.pulled, worker.reply)
+
+
+def computed_on(problem: Problem, worker):
+  """The parameters a worker's pushed gradient was computed on, as the server
+  knows them (DC-ASGD's w_bak): what it pulled, or its ledger entry."""
+  return worker.held if problem.compresses_pull else worker.pulled
+
+
+def compute(problem: Problem, worker, batch):
   """A worker's gradient on the parameters it pulled, as it pushes it
-  (compressed with --compress) -> (worker, metric shares)."""
-  grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state, batch)
-  sent, outbox = problem.compress_message(grads, worker.outbox)
-  return WorkerState(worker.pulled, model_state, sent, outbox), metrics
+  (the payload of C(g + e) with --compress) -> (worker, metric shares)."""
+  pulled = received(problem, worker)
+  grads, model_state, metrics = problem.own_gradients(pulled, worker.model_state, batch)
+  sent, outbox = problem.encode_message(grads, worker.outbox)
+  return worker._replace(pulled=pulled, model_state=model_state, grads=sent,
+                         outbox=outbox), metrics
 
 
 def update(server, grads, optimizer: optax.GradientTransformation, **extra_args):
@@ -72,8 +130,9 @@ def update(server, grads, optimizer: optax.GradientTransformation, **extra_args)
 
 
 def ps_bytes(problem: Problem, num_workers: int) -> float:
-  """Bytes of one round of M updates: M pushes (compressed with --compress) and M pulls."""
-  return float(num_workers * (problem.message_bytes() + problem.model_bytes()))
+  """Bytes of one round of M updates: M pushes (compressed with --compress)
+  and M pulls (with --compress-pull)."""
+  return float(num_workers * (problem.message_bytes() + problem.pull_bytes()))
 
 
 def parameter_server(problem: Problem, num_workers: int, *,
@@ -85,16 +144,13 @@ def parameter_server(problem: Problem, num_workers: int, *,
 
   def apply(server: ServerState, worker: WorkerState, seconds):
     del seconds
-    return update(server, worker.grads, optimizer), worker
-
-  def pull(server: ServerState, worker: WorkerState, seconds) -> WorkerState:
-    del seconds
-    return worker._replace(pulled=server.params)
+    return update(server, problem.decode_message(worker.grads, server.params), optimizer), worker
 
   return Centralized(
       init_server=lambda key: init_server(problem, key, optimizer),
       init=lambda key, worker: init(problem, key, worker),
-      pull=pull, compute=lambda worker, batch: compute(problem, worker, batch),
+      pull=lambda server, worker, seconds: pull(problem, server, worker),
+      compute=lambda worker, batch: compute(problem, worker, batch),
       apply=apply, evaluated=server_evaluated, bytes_per_step=ps_bytes(problem, num_workers),
       staleness_bound=staleness_bound)
 
@@ -124,6 +180,15 @@ def staleness_defaults(num_workers: int) -> dict:
   from jaxdl.optim import LR, MOMENTUM
   return {"lr": LR / math.sqrt(num_workers),
           "momentum": max(0.0, MOMENTUM - (1.0 - 1.0 / num_workers))}
+
+
+def check_pull(shape: type, name: str, compress_pull: str) -> None:
+  """A ConfigError naming --compress-pull unless it is none or algorithms of
+  `shape` (here `name`) keep a parameter server that workers pull from."""
+  if compression.parse_compress(compress_pull, "compress_pull").name != "none" and (
+      shape is not Centralized):
+    raise ConfigError("compress_pull", compress_pull, f"none for {name}: only a parameter "
+                      "server's reply to a pull is compressed (asp, ssp, dc_asgd, lc_asgd)")
 
 
 def build_asp(settings: Settings, problem: Problem, num_workers: int) -> Centralized:

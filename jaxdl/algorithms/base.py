@@ -81,6 +81,9 @@ class Problem:
   # --compress: what a worker's outgoing message (a gradient or a model
   # difference) goes through, with error feedback (jaxdl.algorithms.compression)
   compress: str = "none"
+  # --compress-pull: what a parameter server's reply goes through, with its
+  # own error feedback (jaxdl.algorithms.asp)
+  compress_pull: str = "none"
 
   def init_model(self, key: jax.Array):
     """(params, model_state) of a fresh model: ``task.init(key)``, or, while
@@ -126,6 +129,38 @@ class Problem:
     """(what the worker sends, its new outbox): C(message + e), keeping
     e <- message + e - C(message + e); the message itself with none."""
     return compression.compression(self.compress, seed=self.seed).update(message, outbox)
+
+  def encode_message(self, message, outbox) -> tuple[Any, Any]:
+    """`compress_message`'s step as the message travels: (its payload, the
+    new outbox); `decode_message` gives what `compress_message` sends, bit
+    for bit. The message itself with none."""
+    return compression.encoded(self.compress, message, outbox)
+
+  def decode_message(self, payload, like):
+    """The values a payload of `encode_message` stands for, shaped like `like`."""
+    return compression.decode(self.compress, payload, like)
+
+  @property
+  def compresses_pull(self) -> bool:
+    """Whether a parameter server's replies are compressed (--compress-pull)."""
+    return compression.parse_compress(self.compress_pull, "compress_pull").name != "none"
+
+  def pull_bytes(self) -> int:
+    """Bytes of a parameter server's reply: compressed by --compress-pull, or
+    the model's."""
+    return compression.message_bytes(self.compress_pull, self._param_shapes())
+
+  def init_inbox(self, params, worker) -> Any:
+    """The compression state of the server's replies to worker `worker`
+    (--compress-pull): PowerSGD's Q and the key of its draws (its own, not
+    those of the worker's pushes); no residual (jaxdl.algorithms.asp: what
+    a reply left out stays in the difference from the worker's copy)."""
+    state = compression.compression(self.compress_pull, seed=self.seed,
+                                    error_feedback=False).init(params)
+    if not isinstance(state, compression.CompressionState):
+      return state
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.key), worker), 1)
+    return state._replace(key=jax.random.key_data(key))
 
   def init_state(self, key: jax.Array) -> TrainState:
     params, model_state = self.init_model(key)

@@ -43,7 +43,8 @@ def build(settings: DCSettings, problem: Problem, num_workers: int) -> Centraliz
   def apply(server: asp.ServerState, worker: asp.WorkerState, seconds):
     """The compensated update, w_bak = the parameters the worker pulled."""
     del seconds
-    return asp.update(server, worker.grads, optimizer, w_bak=worker.pulled), worker
+    grads = problem.decode_message(worker.grads, server.params)
+    return asp.update(server, grads, optimizer, w_bak=asp.computed_on(problem, worker)), worker
 
   return dataclasses.replace(ps, apply=apply)
 

@@ -49,7 +49,7 @@ class GossipWorker(NamedTuple):
 
 
 class Message(NamedTuple):
-  params: Any        # x_m; with --compress, q = C(x_m - r_{m->k})
+  params: Any        # x_m; with --compress, q = C(x_m - r_{m->k}) (its payload)
   model_state: Any
   weight: jax.Array  # the half of a_m that travels
   sender: Any = ()   # m, int32 (--compress: the receiver's reference to update; () without)
@@ -81,7 +81,7 @@ def receive(problem: Problem, receiver: GossipWorker, message: Message) -> Gossi
   reconstruction of the sender's model) into the receiver."""
   links, params = receiver.links, message.params
   if problem.compresses:
-    links, params = pairwise.decode(links, params, message.sender)
+    links, params = pairwise.decode(problem.compress, links, params, message.sender)
   total = receiver.weight + message.weight
   merge = lambda xk, xm: (receiver.weight * xk + message.weight * xm) / total
   return receiver._replace(params=jax.tree.map(merge, receiver.params, params),

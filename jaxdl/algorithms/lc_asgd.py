@@ -14,7 +14,8 @@ and the other algorithms with a server. Every piece is swappable: `make(pieces)`
 builds the algorithm from other predictors or another compensation.
 
 With --compress, the pushed gradient is compressed as asp's is
-(jaxdl.algorithms.asp), the loss reported beside it whole.
+(jaxdl.algorithms.asp), the loss reported beside it whole; with
+--compress-pull, the server's replies as asp's are.
 
 Versions read: `compute` reads what the worker pulled; `apply` the server's
 predictors and parameters as they are on arrival. Settings: --lc-lambda
@@ -86,6 +87,9 @@ class WorkerState(NamedTuple):
   t_comm: jax.Array   # seconds its last pull took
   index: jax.Array    # int32: which worker
   outbox: Any = optax.EmptyState()  # the compression state of its pushes (--compress)
+  reply: Any = ()     # --compress-pull: the server's last reply (jaxdl.algorithms.asp)
+  held: Any = ()      # --compress-pull: the server's ledger, the copy the worker holds
+  inbox: Any = optax.EmptyState()  # --compress-pull: the replies' compression state
 
 
 def build(settings: LCSettings, problem: Problem, num_workers: int,
@@ -100,21 +104,16 @@ def build(settings: LCSettings, problem: Problem, num_workers: int,
                        jnp.zeros((), jnp.float32), jnp.zeros((6,), jnp.float32))
 
   def init(key, worker) -> WorkerState:
-    pulled, model_state, grads, outbox = asp.init(problem, key, worker)
-    return WorkerState(pulled, model_state, grads, jnp.zeros((), jnp.float32),
-                       jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
-                       jnp.asarray(worker, jnp.int32), outbox)
+    state = asp.init(problem, key, worker)
+    return WorkerState(*state[:3], jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
+                       jnp.zeros((), jnp.float32), jnp.asarray(worker, jnp.int32), *state[3:])
 
   def compute(worker: WorkerState, batch):
-    grads, model_state, metrics = problem.own_gradients(worker.pulled, worker.model_state,
-                                                        batch)
-    loss = metrics["loss"] / batch.weights.sum()  # a share -> this batch's mean
-    sent, outbox = problem.compress_message(grads, worker.outbox)
-    return worker._replace(model_state=model_state, grads=sent, loss=loss,
-                           outbox=outbox), metrics
+    worker, metrics = asp.compute(problem, worker, batch)
+    return worker._replace(loss=metrics["loss"] / batch.weights.sum()), metrics  # its mean
 
   def pull(server: ServerState, worker: WorkerState, t_comm):
-    return worker._replace(pulled=server.params, version=server.version, t_comm=t_comm)
+    return asp.pull(problem, server, worker)._replace(version=server.version, t_comm=t_comm)
 
   def apply(server: ServerState, worker: WorkerState, t_comp):
     delay = (server.version - worker.version).astype(jnp.float32)
@@ -125,7 +124,8 @@ def build(settings: LCSettings, problem: Problem, num_workers: int,
     losses = p.losses.update(server.losses, worker.loss)
     _, slope = p.losses.compensation(losses, worker.loss, k)
     errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
-    server = asp.update(server, worker.grads, optimizer, delay_loss_slope=slope)
+    grads = problem.decode_message(worker.grads, server.params)
+    server = asp.update(server, grads, optimizer, delay_loss_slope=slope)
     return server._replace(steps=steps, losses=losses, errors=errors,
                            next_loss=p.losses.predict_next(losses, worker.loss)), worker
 

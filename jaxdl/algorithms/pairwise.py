@@ -85,26 +85,26 @@ def of_worker(problem, params, worker, num_workers: int):
 
 
 def encode(compress: str, links: Links, params, peer) -> tuple[Links, Any]:
-  """The message to `peer`, q = C(x - r_{m->peer}), and the links with
-  r_{m->peer} <- r_{m->peer} + q (and the pair's memory, the next key)."""
+  """The message to `peer`, q = C(x - r_{m->peer}) as its payload
+  (compression.encode), and the links with r_{m->peer} <- r_{m->peer} + q
+  (and the pair's memory, the next key)."""
   key, draw = jax.random.split(jax.random.wrap_key_data(links.key))
-  reference = _row(links.sent, peer)
   memory = tuple(None if m is None else lax.dynamic_index_in_dim(m, peer, keepdims=False)
                  for m in links.memory)
-  q, memory = compression.compress(compress, jax.tree.map(jnp.subtract, params, reference),
-                                   draw, memory)
-  # q as sent, rounded to its dtype: the receiver adds these bits to its copy
-  q = lax.optimization_barrier(q)
+  # q as sent, decoded to the bits the receiver adds to its copy (compression.toward)
+  q, reference, memory = compression.toward(compress, params, _row(links.sent, peer), draw,
+                                            memory)
   memory = tuple(None if m is None else lax.dynamic_update_index_in_dim(old, m, peer, 0)
                  for old, m in zip(links.memory, memory))
-  sent = _set_row(links.sent, peer, jax.tree.map(jnp.add, reference, q))
+  sent = _set_row(links.sent, peer, reference)
   return links._replace(sent=sent, memory=memory, key=jax.random.key_data(key)), q
 
 
-def decode(links: Links, q, sender) -> tuple[Links, Any]:
-  """A message q from `sender` arrives: (the links with r_{sender->m} <-
-  r_{sender->m} + q, that reference: the receiver's reconstruction of x_sender)."""
-  reference = jax.tree.map(jnp.add, _row(links.received, sender), q)
+def decode(compress: str, links: Links, q, sender) -> tuple[Links, Any]:
+  """A message q (a payload) from `sender` arrives: (the links with
+  r_{sender->m} <- r_{sender->m} + q, that reference: the receiver's
+  reconstruction of x_sender)."""
+  reference = compression.moved(compress, _row(links.received, sender), q)
   return links._replace(received=_set_row(links.received, sender, reference)), reference
 
 

@@ -160,6 +160,9 @@ class CostModel:
   # an exchange or of an all-reduce, a gossip message, its half of an
   # average); None: uncompressed, a model's
   message_bytes: float | None = None
+  # bytes of a parameter server's compressed reply (--compress-pull); None:
+  # a model's
+  reply_bytes: float | None = None
   _draws: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                    compare=False, hash=False)
 
@@ -183,7 +186,7 @@ class CostModel:
          "a factor >= 1"),
     ]
     # computed from the model, or read from a checked profile: never given
-    for name in ("model_bytes", "server_s", "order_s", "message_bytes"):
+    for name in ("model_bytes", "server_s", "order_s", "message_bytes", "reply_bytes"):
       if (getattr(self, name) or 0) < 0:
         raise ValueError(f"{name} {getattr(self, name)!r}: >= 0")
     for field, value, ok, allowed in checks:
@@ -255,6 +258,11 @@ class CostModel:
     """Bytes of a worker's message (to the servers, or to a peer): compressed,
     or the model."""
     return self.model_bytes if self.message_bytes is None else self.message_bytes
+
+  @property
+  def pull_bytes(self) -> float:
+    """Bytes of the servers' reply to a pull: compressed, or the model."""
+    return self.model_bytes if self.reply_bytes is None else self.reply_bytes
 
   def allreduce(self) -> tuple[float, float]:
     """(seconds, bytes all workers send) of one synchronous exchange: a ring
@@ -341,8 +349,9 @@ class Network:
     return self._server(worker, ready_time, self.shard_down, self.cost.push_bytes)
 
   def pull(self, worker: int, ready_time: float) -> float:
-    """Arrival at `worker` of the servers' model, sent from `ready_time`."""
-    return self._server(worker, ready_time, self.shard_up, self.cost.model_bytes)
+    """Arrival at `worker` of the servers' model (compressed with
+    --compress-pull), sent from `ready_time`."""
+    return self._server(worker, ready_time, self.shard_up, self.cost.pull_bytes)
 
   def _server(self, worker: int, ready_time: float, shards: list[Link],
               nbytes: float) -> float:

@@ -11,7 +11,7 @@ differently).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +80,28 @@ def state_shapes(algorithm: Shape):
           jax.eval_shape(lambda key: algorithm.init(key, jnp.int32(0)), key))
 
 
+class MessageParts(NamedTuple):
+  """Which leaves of a worker's state (indices) a parameter server's
+  messages carry, where the worker keeps its own state between iterations.
+
+  reads: those its gradient (`compute`) reads: all a (re)started worker's
+    first pull need carry
+  changes: those its gradient changes
+  reply: those the server changes (pull, apply) that the gradient reads:
+    what a pull carries (the parameters, or a compressed reply's payload)
+  push: those the gradient changes that the server reads: what a push
+    carries (the gradient, or its payload; the batch-norm statistics)
+  private: those only the gradient reads and changes (an error-feedback
+    residual, a worker's own copy of the parameters): they stay with the
+    worker, and reach the server only at the steps the driver reads
+  """
+  reads: tuple[int, ...]
+  changes: tuple[int, ...]
+  reply: tuple[int, ...]
+  push: tuple[int, ...]
+  private: tuple[int, ...]
+
+
 class EventPrograms:
   """The shape's event functions, each jitted for one worker's state, and a
   worker's metric shares turned into its batch's means.
@@ -111,25 +133,57 @@ class EventPrograms:
   def jitted(self) -> list:
     return list(self.fns.values())
 
-  def message_parts(self, state, batch: Batch) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """A parameter server's messages: which leaves of a worker's state its
-    gradient (`compute`) reads, all a pull need carry, and which it changes,
-    all a push need carry (the others it passes through unchanged). Found in
-    the function's jaxpr, the same on every process for the same state's
-    shapes; conservative: a leaf any operation takes counts as read."""
-    fn = event_functions(self.algorithm)["compute"]
-    leaves, treedef = jax.tree.flatten(state)
-    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(state, batch)
-    jaxpr = closed.jaxpr
-    invars, outvars = jaxpr.invars[:len(leaves)], jaxpr.outvars
-    if jax.tree.structure(shapes[0]) != treedef:  # a state of another structure: every leaf, both ways
-      everything = tuple(range(len(leaves)))
-      return everything, everything
-    taken = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
-    moved = lambda i, v: any(o is v for j, o in enumerate(outvars) if j != i)
-    reads = tuple(i for i, v in enumerate(invars) if id(v) in taken or moved(i, v))
-    changes = tuple(i for i, v in enumerate(invars) if outvars[i] is not v)
-    return reads, changes
+  def message_parts(self, state, batch: Batch) -> MessageParts:
+    """A parameter server's messages (`MessageParts`): which leaves of a
+    worker's state its gradient (`compute`) reads and changes, and which of
+    those the server's programs (pull, apply, evaluated) read or change.
+    Found in the functions' jaxprs, the same on every process for the same
+    state's shapes; conservative: a leaf any operation takes counts as read."""
+    fns = event_functions(self.algorithm)
+    server = state_shapes(self.algorithm)[0]
+    seconds = jax.ShapeDtypeStruct((), jnp.float32)
+    reads, changes = _uses(fns["compute"], (state, batch), 0, lambda out: out[0])
+    pull_reads, pull_changes = _uses(fns["pull"], (server, state, seconds), 1, lambda out: out)
+    apply_reads, apply_changes = _uses(fns["apply"], (server, state, seconds), 1,
+                                       lambda out: out[1])
+    stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *np.shape(x)), x.dtype), state)
+    evaluated = _uses(self.algorithm.evaluated, (server, stacked), 1, None)[0]
+    served = pull_reads | pull_changes | apply_reads | apply_changes | evaluated
+    private = (reads | changes) - served
+    return MessageParts(tuple(sorted(reads)), tuple(sorted(changes)),
+                        tuple(sorted((pull_changes | apply_changes) & reads)),
+                        tuple(sorted(changes - private)), tuple(sorted(private)))
+
+
+def _uses(fn: Callable, args: tuple, which: int, output) -> tuple[set[int], set[int]]:
+  """(read, changed): the leaves of `args[which]` that fn(*args) reads (an
+  operation takes it, or it is moved to another place of the output) and
+  those whose place in `output(fn(*args))`, a tree of the same structure
+  (None: none), holds something else. An output of another structure
+  changes them all."""
+  first = len(jax.tree.leaves(args[:which]))
+  count = len(jax.tree.leaves(args[which]))
+  closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+  jaxpr = closed.jaxpr
+  invars = jaxpr.invars[first:first + count]
+  outvars, places = jaxpr.outvars, None  # places[i]: where leaf i's place is in the output
+  if output is not None:
+    numbered = jax.tree.unflatten(jax.tree.structure(shapes), range(len(outvars)))
+    try:
+      part = output(numbered)
+    except (TypeError, IndexError, AttributeError):
+      part = None
+    if jax.tree.structure(part) == jax.tree.structure(args[which]):
+      places = jax.tree.leaves(part)
+  own = lambda i: -1 if places is None else places[i]
+  taken = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+  moved = lambda i, v: any(o is v for j, o in enumerate(outvars) if j != own(i))
+  read = {i for i, v in enumerate(invars) if id(v) in taken or moved(i, v)}
+  if output is None:
+    return read, set()
+  if places is None:
+    return read | set(range(count)), set(range(count))
+  return read, {i for i, v in enumerate(invars) if outvars[places[i]] is not v}
 
 
 class EventReplay:

@@ -28,7 +28,9 @@ incarnation that arrive after its restart are refused.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import pickle
 import threading
 import time
 from typing import Any, Sequence
@@ -76,6 +78,34 @@ def _pin(config, worker: int) -> None:
 
 def _nbytes(tree) -> int:
   return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
+
+
+def wire_bytes(message) -> int:
+  """The bytes of `message` serialized as Ray sends it: pickle protocol 5,
+  its arrays' buffers out of band (the header plus the buffers)."""
+  buffers = []
+  header = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+  return len(header) + sum(b.raw().nbytes for b in buffers)
+
+
+def packed(leaves: Sequence) -> np.ndarray:
+  """A message's leaves (a payload's values and indices, ...) as one buffer
+  of their bytes, in order: one array to serialize, whose header is paid
+  once, not once a leaf (dozens of bytes each, as much as a small leaf's
+  top-k payload). The receiver knows the leaves' shapes."""
+  flat = [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in jax.device_get(leaves)]
+  return np.concatenate(flat) if flat else np.zeros(0, np.uint8)
+
+
+def unpacked(buffer: np.ndarray, like: Sequence) -> list:
+  """The leaves that `packed` put in `buffer`, with the shapes and dtypes of `like`'s."""
+  leaves, offset = [], 0
+  for x in like:
+    shape, dtype = np.shape(x), np.dtype(x.dtype)
+    size = math.prod(shape)
+    leaves.append(np.frombuffer(buffer, dtype, size, offset).reshape(shape))
+    offset += size * dtype.itemsize
+  return leaves
 
 
 def _with(state, indices: Sequence[int], leaves: Sequence):
@@ -226,20 +256,33 @@ class _Ledger:
 class Server(_Ledger):
   """The parameter server of a centralized algorithm (asp, ssp, dc_asgd,
   lc_asgd): an asyncio actor, one method call at a time between awaits. It
-  keeps every worker's state: a worker's process holds nothing between
-  iterations."""
+  keeps every worker's state as the server's programs see it; a worker's
+  process keeps its own between iterations, so a pull carries what the
+  server changed that the worker reads (the parameters, or a compressed
+  reply's payload) and a push what the worker changed that the server
+  reads (the gradient, or its payload): `EventPrograms.message_parts`. The
+  leaves only a worker reads and changes (an error-feedback residual, its
+  copy of the parameters under --compress-pull) stay with it: at the end
+  of a step the driver reads, each worker that has pushed since owes them
+  as they were after its last push applied, and deposits them when the
+  reply to its next push (or its last) asks."""
 
   def __init__(self, config, task, observed: list[int]):
     super().__init__(config, task, observed)
     self.bound = self.algorithm.staleness_bound
     self.version = 0
+    # a worker's process holds the server's copy of its state: from the
+    # driver at the start; after a restart or a restore, from its first pull
+    self.synced = [True] * self.m
+    self.pushed = [False] * self.m  # its private leaves have moved on since
+    self.owed: list[list[tuple[int, int]]] = [[] for _ in range(self.m)]  # (step, iteration)
+    self.deposits: dict[int, dict[int, Any]] = {}  # step -> worker -> its private leaves
 
   def warm_up(self) -> None:
     """Compiles the pull and apply programs (their results are dropped)."""
     worker = self.programs.pull(self.server, self.workers[0], np.float32(0.0))
     jax.block_until_ready(self.programs.apply(self.server, worker, np.float32(0.0)))
-    self.reads, self.changes = self.programs.message_parts(
-        self.workers[0], one_batch(self.streams, 0, 0))
+    self.parts = self.programs.message_parts(self.workers[0], one_batch(self.streams, 0, 0))
 
   def template(self):
     """A worker's state, whose leaves a pull does not carry stand in for
@@ -250,13 +293,15 @@ class Server(_Ledger):
     """Worker w's process failed and was restarted: its in-flight iteration is
     dropped, and it pulls again at its clock. Its new incarnation number."""
     self.incarnation[w] += 1
+    self.synced[w] = False
     self._event("restart", w, iteration=self.clocks[w])
     return self.incarnation[w]
 
   async def pull(self, w: int, seconds: float, incarnation: int = 0):
-    """Worker w's next pull: (its message, its iteration), or None once the
-    run is over (or for a call of a worker's earlier incarnation). `seconds`:
-    its last measured transfer time, the pull's duration."""
+    """Worker w's next pull: ((its message, whether it is the worker's whole
+    state), its iteration), or None once the run is over (or for a call of
+    a worker's earlier incarnation). `seconds`: its last measured transfer
+    time, the pull's duration."""
     stale = lambda: self._stale(w, incarnation)
     if stale():
       return None
@@ -278,42 +323,88 @@ class Server(_Ledger):
     return message, c
 
   def _pull(self, w: int, d: np.float32):
-    """Runs worker w's pull: the leaves its gradient reads."""
+    """Runs worker w's pull: (its message, whether it is the whole state
+    the worker's gradient reads, which a worker without it is sent)."""
     self.workers[w] = self.programs.pull(self.server, self.workers[w], d)
+    whole, self.synced[w] = not self.synced[w], True
     leaves = jax.tree.leaves(self.workers[w])
-    message = jax.device_get([leaves[i] for i in self.reads])
-    self.bytes_total += _nbytes(message)
-    return message
+    message = packed([leaves[i] for i in (self.parts.reads if whole else self.parts.reply)])
+    self.bytes_total += wire_bytes(message)
+    return message, whole
 
   async def push(self, w: int, c: int, changed, compute_s: float, transfer_s: float,
                  metrics: dict[str, float], incarnation: int = 0):
-    """Applies worker w's iteration c on arrival, then serves its next pull.
-    `changed`: the leaves of its state that its gradient changed (to a
-    `ShardedServer`: the bytes it sent the shards, which hold those)."""
-    if self.finished or self._stale(w, incarnation):
-      return None
+    """Applies worker w's iteration c on arrival, then serves its next pull:
+    (the pull's reply, or None once the run is over; the (step, iteration)
+    of the cuts whose private leaves it owes). `changed`: its push, the
+    leaves its gradient changed that the server reads (to a `ShardedServer`:
+    the bytes it sent the shards, which hold those)."""
+    if self._stale(w, incarnation):
+      return None, []
+    if self.finished:
+      return None, self._owes(w)
     d = np.float32(compute_s)
     self._apply(w, c, changed, d, incarnation)
+    self.pushed[w] = bool(self.parts.private)
     self.version += 1
     self._event("apply", w, iteration=c, version=self.version, duration=float(d))
     self._timed(w, compute_s)
     self._add(metrics)
     self._update(w)
     await self._notify()
-    return None if self.finished else await self.pull(w, transfer_s, incarnation)
+    reply = None if self.finished else await self.pull(w, transfer_s, incarnation)
+    return reply, self._owes(w)
 
   def _apply(self, w: int, c: int, changed, d: np.float32, incarnation: int) -> None:
-    """Applies worker w's push of iteration c: `changed`, its changed leaves."""
-    self.bytes_total += _nbytes(changed)
-    worker = _with(self.workers[w], self.changes, changed)
+    """Applies worker w's push of iteration c: `changed`, its leaves packed."""
+    self.bytes_total += wire_bytes(changed)
+    leaves = jax.tree.leaves(self.workers[w])
+    push = self.parts.push
+    worker = _with(self.workers[w], push, unpacked(changed, [leaves[i] for i in push]))
     self.server, self.workers[w] = self.programs.apply(self.server, worker, d)
+
+  def _owes(self, w: int) -> list[tuple[int, int]]:
+    """The cuts whose private leaves worker w owes, now asked of it."""
+    owed, self.owed[w] = self.owed[w], []
+    return owed
+
+  async def deposit(self, w: int, owed: list[tuple[int, int]], leaves: dict[int, list]) -> None:
+    """Worker w's private leaves at the cuts it owed, by iteration."""
+    for step, iteration in owed:
+      self.deposits[step][w] = leaves[iteration]
+    await self._notify()
 
   def restore(self, state, step: int) -> None:
     super().restore(state, step)
     self.version = int(sum(self.clocks))
+    self.synced, self.pushed = [False] * self.m, [False] * self.m
+
+  def _ask_private(self, step: int) -> None:
+    """At the end of `step`: the workers whose private leaves have moved on
+    owe them, as they were after their last push applied."""
+    for w in range(self.m):
+      if self.pushed[w]:
+        self.owed[w].append((step, self.clocks[w] - 1))
+        self.deposits.setdefault(step, {})[w] = None
 
   def _workers_at_end(self, step: int) -> tuple:
+    self._ask_private(step)
     return tuple(self.workers)  # the server keeps them all
+
+  async def _with_private(self, step: int, workers: Sequence) -> list:
+    """`workers` (their states at the end of `step`) with the private leaves
+    the workers owed there, once deposited."""
+    async with self.changed:
+      await self.changed.wait_for(lambda: None not in self.deposits.get(step, {}).values())
+    private = self.deposits.pop(step, {})
+    return [_with(x, self.parts.private, private[w]) if w in private else x
+            for w, x in enumerate(workers)]
+
+  async def step(self, step: int):
+    server, workers, clocks, means = await self._snapshot(step)
+    if workers is None:
+      return None, means
+    return self.state(server, await self._with_private(step, workers), clocks), means
 
 
 class Worker:
@@ -335,11 +426,14 @@ class Worker:
 
   def warm_up(self, state) -> None:
     """Compiles the gradient's program on the first batch (the result is
-    dropped); keeps `state` as the template of the leaves a pull does not carry."""
+    dropped); takes `state`, the server's copy of its state (at the start,
+    or a template until its first pull after a restart)."""
     batch = one_batch(self.streams, self.w, 0)
     jax.block_until_ready(self.programs.compute(state, batch))
     self.template = jax.device_get(state)
-    self.reads, self.changes = self.programs.message_parts(state, batch)
+    self.leaves, self.treedef = jax.tree.flatten(self.template)
+    self.parts = self.programs.message_parts(state, batch)
+    self.kept: dict[int, list] = {}  # iteration -> its private leaves (the last two)
 
   def run(self, incarnation: int = 0) -> None:
     """Works until the run is over. `incarnation`: how many times this
@@ -357,20 +451,50 @@ class Worker:
       leaves = jax.block_until_ready(jax.tree.leaves(state))
       compute = time.perf_counter() - t
       t = time.perf_counter()
-      reply = self._push(c, jax.device_get([leaves[i] for i in self.changes]), compute,
+      reply = self._push(c, leaves, compute,
                          transfer, self.programs.means(self.w, jax.device_get(shares)),
                          incarnation)
 
   def _received(self, reply):
-    """(the state a pull's reply gives, its iteration)."""
-    message, c = reply
-    return _with(self.template, self.reads, message), c
+    """(its state once a pull's reply has arrived, the reply's iteration)."""
+    (message, whole), c = reply
+    self._take(self.parts.reads if whole else self.parts.reply, [message])
+    return jax.tree.unflatten(self.treedef, self.leaves), c
 
-  def _push(self, c: int, changed: list, *args):
-    """Pushes iteration c (`changed`: the leaves `self.changes` of its
-    state); the server's reply, the next pull's."""
+  def _take(self, indices: Sequence[int], messages: Sequence, parts=None) -> None:
+    """Puts the leaves that `messages` carry at `indices` of its state (from
+    shard s, `parts[s]`'s of them: all by default)."""
+    parts = parts or [indices]
+    for message, part in zip(messages, parts):
+      part = [i for i in part if i in indices]
+      for i, x in zip(part, unpacked(message, [self.leaves[i] for i in part])):
+        self.leaves[i] = x
+
+  def _computed(self, c: int, leaves: list) -> list:
+    """Takes its state after iteration c's gradient (`leaves`), keeping its
+    private leaves of the last two iterations (a cut asks for one of them);
+    the leaves its push carries."""
+    self.leaves = list(leaves)
+    self.kept = {i: x for i, x in self.kept.items() if i >= c - 1}
+    self.kept[c] = [leaves[i] for i in self.parts.private]
+    return [leaves[i] for i in self.parts.push]
+
+  def _replied(self, reply):
+    """The next pull's reply from a push's, once the private leaves it
+    asks for are deposited."""
     import ray
-    return ray.get(self.server.push.remote(self.w, c, changed, *args))
+    reply, owed = reply
+    if owed:
+      kept = {i: jax.device_get(self.kept[i]) for i in {i for _, i in owed}}
+      ray.get(self.server.deposit.remote(self.w, owed, kept))
+    return reply
+
+  def _push(self, c: int, leaves: list, *args):
+    """Pushes iteration c (`leaves`: its state after the gradient); the
+    server's reply, the next pull's."""
+    import ray
+    message = packed(self._computed(c, leaves))
+    return self._replied(ray.get(self.server.push.remote(self.w, c, message, *args)))
 
 
 class ShardedServer(Server):
@@ -391,8 +515,7 @@ class ShardedServer(Server):
 
   async def warm_up(self) -> None:
     """Finds the messages' leaves; each shard compiles its programs."""
-    self.reads, self.changes = self.programs.message_parts(
-        self.workers[0], one_batch(self.streams, 0, 0))
+    self.parts = self.programs.message_parts(self.workers[0], one_batch(self.streams, 0, 0))
     await self._load()
 
   async def begin(self, state, step: int) -> None:
@@ -406,7 +529,7 @@ class ShardedServer(Server):
     self.seq = 0
     await asyncio.gather(*[shard.load.remote(
         split(self.server, s, True), [split(w, s, False) for w in self.workers],
-        self.reads, self.changes) for s, shard in enumerate(self.shards)])
+        self.parts) for s, shard in enumerate(self.shards)])
 
   def _op(self, kind: str, w: int, *args) -> list:
     """Grants the shards' next operation; its results (ObjectRefs)."""
@@ -414,9 +537,9 @@ class ShardedServer(Server):
     return [shard.op.remote(seq, kind, w, *args) for shard in self.shards]
 
   def _pull(self, w: int, d: np.float32):
-    seq = self.seq
-    self._op("pull", w, d)
-    return seq  # the worker fetches its leaves from each shard
+    seq, whole, self.synced[w] = self.seq, not self.synced[w], True
+    self._op("pull", w, d, whole)
+    return seq, whole  # the worker fetches its leaves from each shard
 
   def _apply(self, w: int, c: int, nbytes: int, d: np.float32, incarnation: int) -> None:
     """`nbytes`: what the worker sent to the shards, pulls and pushes."""
@@ -426,6 +549,7 @@ class ShardedServer(Server):
   def _workers_at_end(self, step: int) -> list:
     """The shards' copies of their leaves, as they are at this point of the
     order (ObjectRefs, gathered by `step`)."""
+    self._ask_private(step)
     return self._op("keep", -1, np.float32(0.0))
 
   async def step(self, step: int):
@@ -436,7 +560,7 @@ class ShardedServer(Server):
     join = self.partition.join
     server = join(self.server, [p[0] for p in parts], True)
     workers = [join(self.workers[w], [p[1][w] for p in parts], False) for w in range(self.m)]
-    return self.state(server, workers, clocks), means
+    return self.state(server, await self._with_private(step, workers), clocks), means
 
 
 class Shard:
@@ -457,38 +581,42 @@ class Shard:
   def identity(self) -> dict[str, Any]:
     return process_identity(f"server shard {self.s}")
 
-  def load(self, server: list, workers: list, reads: Sequence[int], changes: Sequence[int]):
+  def load(self, server: list, workers: list, parts):
     """Takes its leaves of the state (starting the order anew) and compiles
-    its programs; `reads`, `changes`: the leaves of a worker's state its
-    messages carry (EventPrograms.message_parts)."""
+    its programs; `parts`: the leaves of a worker's state its messages
+    carry (EventPrograms.message_parts)."""
     self.server, self.workers, self.next = server, list(workers), 0
-    self.reads = [k for k, i in enumerate(self.own) if i in reads]
-    self.changes = [k for k, i in enumerate(self.own) if i in changes]
+    self.reads = [k for k, i in enumerate(self.own) if i in parts.reads]
+    self.reply = [k for k, i in enumerate(self.own) if i in parts.reply]
+    self.push = [k for k, i in enumerate(self.own) if i in parts.push]
     self.deposits.clear()
     self.replies.clear()
     d = np.float32(0.0)
     jax.block_until_ready(self.programs.apply(server, self.programs.pull(server, workers[0], d), d))
 
-  def deposit(self, w: int, c: int, incarnation: int, leaves: list) -> None:
-    """Worker w's changed leaves of iteration c, until their apply comes."""
+  def deposit(self, w: int, c: int, incarnation: int, leaves: np.ndarray) -> None:
+    """Worker w's push of iteration c (its leaves here, packed), until its apply comes."""
     for key in [k for k in self.deposits if k[0] == w and k[2] < incarnation]:
       del self.deposits[key]  # a dead process's, never applied
     self.deposits[(w, c, incarnation)] = leaves
 
   async def op(self, seq: int, kind: str, w: int, d: np.float32, push=None):
     """Runs operation `seq` once those before it have run: a pull of worker
-    w (its reply kept for `fetch`), an apply of its deposited push (`push`:
-    (iteration, incarnation)), or a copy of the leaves ("keep"), returned."""
+    w (its reply kept for `fetch`; `push`: whether it is the worker's whole
+    state), an apply of its deposited push (`push`: (iteration,
+    incarnation)), or a copy of the leaves ("keep"), returned."""
     async with self.changed:
       await self.changed.wait_for(lambda: self.next == seq)
     kept = None
     try:
       if kind == "pull":
         self.workers[w] = self.programs.pull(self.server, self.workers[w], d)
-        self.replies[w] = (seq, jax.device_get([self.workers[w][k] for k in self.reads]))
+        self.replies[w] = (seq, packed([self.workers[w][k]
+                                        for k in (self.reads if push else self.reply)]))
       elif kind == "apply":
         worker = list(self.workers[w])
-        for k, x in zip(self.changes, self.deposits.pop((w, *push))):
+        changed = self.deposits.pop((w, *push))
+        for k, x in zip(self.push, unpacked(changed, [worker[k] for k in self.push])):
           worker[k] = x
         self.server, self.workers[w] = self.programs.apply(self.server, worker, d)
       else:
@@ -527,22 +655,21 @@ class ShardedWorker(Worker):
 
   def _received(self, reply):
     import ray
-    seq, c = reply
-    parts = ray.get([shard.fetch.remote(self.w, seq) for shard in self.shards])
-    pulled = self.template
-    for own, part in zip(self.own, parts):
-      pulled = _with(pulled, [i for i in own if i in self.reads], part)
-    self.nbytes = _nbytes(parts)
-    return pulled, c
+    (seq, whole), c = reply
+    messages = ray.get([shard.fetch.remote(self.w, seq) for shard in self.shards])
+    self._take(self.parts.reads if whole else self.parts.reply, messages, self.own)
+    self.nbytes = sum(wire_bytes(m) for m in messages)
+    return jax.tree.unflatten(self.treedef, self.leaves), c
 
-  def _push(self, c: int, changed: list, compute: float, transfer: float, metrics, incarnation):
+  def _push(self, c: int, leaves: list, compute: float, transfer: float, metrics, incarnation):
     import ray
-    by_leaf = dict(zip(self.changes, changed))
-    parts = [[by_leaf[i] for i in own if i in by_leaf] for own in self.own]
-    ray.get([shard.deposit.remote(self.w, c, incarnation, part)
-             for shard, part in zip(self.shards, parts)])
-    return ray.get(self.server.push.remote(self.w, c, self.nbytes + _nbytes(parts), compute,
-                                           transfer, metrics, incarnation))
+    by_leaf = dict(zip(self.parts.push, self._computed(c, leaves)))
+    messages = [packed([by_leaf[i] for i in own if i in by_leaf]) for own in self.own]
+    ray.get([shard.deposit.remote(self.w, c, incarnation, message)
+             for shard, message in zip(self.shards, messages)])
+    nbytes = self.nbytes + sum(wire_bytes(m) for m in messages)
+    return self._replied(ray.get(self.server.push.remote(
+        self.w, c, nbytes, compute, transfer, metrics, incarnation)))
 
 
 class Coordinator(_Ledger):

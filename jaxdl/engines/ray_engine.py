@@ -241,9 +241,10 @@ class RayEngine(_RayRun):
   def _restart(self, w: int) -> None:
     """Worker w's process died: once Ray has restarted the actor, a
     parameter server's worker drops its in-flight iteration and pulls again
-    at its clock; a worker that kept its own model rejoins with a copy of
-    the next live worker's state (not with compressed gossip or averages:
-    its pairwise references died with it)."""
+    at its clock (not with compressed messages: its residual died with it);
+    a worker that kept its own model rejoins with a copy of the next live
+    worker's state (not with compressed gossip or averages: its pairwise
+    references died with it)."""
     ray = self._ray
     self.restarts[w] += 1
     deadline = time.monotonic() + RESTART_TIMEOUT_S
@@ -255,6 +256,14 @@ class RayEngine(_RayRun):
         if time.monotonic() > deadline:
           raise
         time.sleep(0.1)
+    held = [what for compressed, what in (
+        (self.problem.compresses, "its error-feedback residual (--compress)"),
+        (self.problem.compresses_pull, "its copy of the server's parameters (--compress-pull)"))
+        if compressed and self.centralized]
+    if held:
+      raise RuntimeError(f"worker {w}'s process died, and with it {' and '.join(held)}, which "
+                         "no other process holds; --resume continues the run from its last "
+                         "checkpoint")
     if self.centralized:
       incarnation = ray.get(self.server.restarted.remote(w))
       self.running[self.workers[w].run.remote(incarnation)] = w

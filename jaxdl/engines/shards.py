@@ -10,7 +10,8 @@ as one server, compiled apart (adam's parameters may differ from one
 server's by an ulp, so a sharded run replays with these same programs).
 Small leaves that a large one reads, computed from small leaves alone (an
 optimizer's step count), are kept by every shard, each computing the same
-value.
+value; one that the leaves of one part alone read (a compressed gradient's
+payload) goes with that part.
 
 An update that reads every leaf (a global-norm clip; LAMB's per-leaf trust
 ratio is fine) leaves one part: such a server cannot be split, and
@@ -132,6 +133,14 @@ class Partition:
     for i in range(n):
       if i not in shared:
         parts.setdefault(root(i), []).append(i)
+    # a small leaf that only one part's leaves depend on (a compressed
+    # push's payload of one parameter leaf) joins that part: it is sent to
+    # one shard, not to all
+    for i in sorted(shared):
+      users = {root(j) for j in range(n) if j not in shared and i in depends[j]}
+      if len(users) == 1 and not any(i in depends[j] for j in shared if j != i):
+        shared.discard(i)
+        parts[users.pop()].append(i)
     # a part of small leaves alone (a counter no other leaf reads) is no shard's worth
     large = sum(any(i not in small for i in part) for part in parts.values())
     if large < k:

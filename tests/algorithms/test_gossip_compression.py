@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import jaxdl
-from jaxdl.algorithms import Problem, ad_psgd, gosgd, pairwise
+from jaxdl.algorithms import Problem, ad_psgd, compression, gosgd, pairwise
 from jaxdl.config import RunConfig
 from jaxdl.engines.sim.plan import message_slots
 from jaxdl.trace import write_trace
@@ -36,6 +36,11 @@ def _row(tree, k):
   return np.asarray(jax.tree.map(lambda x: x[k], tree)["w"])
 
 
+def _sent(message):
+  """The dense q a gossip message's payload stands for."""
+  return np.asarray(compression.decode(TOPK.compress, message.params, X0)["w"])
+
+
 def test_a_gossip_message_is_the_compressed_difference_from_the_pair_reference():
   """topk:0.5 on 4 coordinates, by hand: m sends the 2 largest of x_m -
   r_{m->k}; both ends add them to r_{m->k}; k merges r_{m->k} with the
@@ -44,8 +49,11 @@ def test_a_gossip_message_is_the_compressed_difference_from_the_pair_reference()
   sender = gosgd.GossipWorker(x, {}, (), np.float32(0.5), _links(0))
   receiver = gosgd.GossipWorker(X0, {}, (), np.float32(0.5), _links(1))
   sender, message = gosgd.send(TOPK, sender, 1)
-  # x - x0 = [1, -4, 1, 0.5]: -4 and the first 1 (the lower index of a tie)
-  np.testing.assert_array_equal(message.params["w"], [1.0, -4.0, 0.0, 0.0])
+  # x - x0 = [1, -4, 1, 0.5]: -4 and the first 1 (the lower index of a tie),
+  # sent as the payload, 2 values and their indices
+  np.testing.assert_array_equal(message.params["w"].values, [-4.0, 1.0])
+  np.testing.assert_array_equal(message.params["w"].indices, [1, 0])
+  np.testing.assert_array_equal(_sent(message), [1.0, -4.0, 0.0, 0.0])
   assert int(message.sender) == 0 and float(message.weight) == 0.25
   np.testing.assert_array_equal(_row(sender.links.sent, 1), [1.0, -4.0, 1.0, 0.0])
   np.testing.assert_array_equal(_row(sender.links.sent, 0), X0["w"])  # other pairs untouched
@@ -55,7 +63,7 @@ def test_a_gossip_message_is_the_compressed_difference_from_the_pair_reference()
   np.testing.assert_allclose(receiver.params["w"], [1 / 3, -4 / 3, 1.0, 0.0], rtol=1e-6)
   assert float(receiver.weight) + float(sender.weight) == 1.0
   sender, message = gosgd.send(TOPK, sender, 1)  # x - r = [0, 0, 1, 0.5]: the rest
-  np.testing.assert_array_equal(message.params["w"], [0.0, 0.0, 1.0, 0.5])
+  np.testing.assert_array_equal(_sent(message), [0.0, 0.0, 1.0, 0.5])
   receiver = gosgd.receive(TOPK, receiver, message)
   np.testing.assert_array_equal(_row(receiver.links.received, 0), x["w"])
   np.testing.assert_array_equal(_row(sender.links.sent, 1), x["w"])

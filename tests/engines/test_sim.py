@@ -129,7 +129,8 @@ def test_a_parameter_servers_messages_carry_what_the_gradient_reads_and_changes(
   server, workers = initial_state(built.algorithm, jax.random.key(0), 2)
   state = p.pull(server, take(workers, 1), np.float32(0.0))
   batch = one_batch(built.streams, 1, 0)
-  reads, changes = p.message_parts(state, batch)
+  parts = p.message_parts(state, batch)
+  reads, changes = parts.reads, parts.changes
   leaves, treedef = jax.tree.flatten(state)
   assert 0 < len(reads) < len(leaves) and 0 < len(changes) < len(leaves)
   other = [x if i in reads else np.full(np.shape(x), 7, np.asarray(x).dtype)
@@ -158,9 +159,8 @@ def test_a_leaf_the_gradient_moves_elsewhere_is_read():
                       compute=lambda s, batch: ({"a": s["b"], "b": s["b"], "c": s["c"] + 1}, {}))
   state = {"a": np.zeros(2, np.float32), "b": np.ones(2, np.float32),
            "c": np.ones(3, np.float32)}
-  reads, changes = EventPrograms(moved, built.streams).message_parts(
-      state, one_batch(built.streams, 0, 0))
-  assert (reads, changes) == ((1, 2), (0, 2))
+  parts = EventPrograms(moved, built.streams).message_parts(state, one_batch(built.streams, 0, 0))
+  assert (parts.reads, parts.changes) == ((1, 2), (0, 2))
 
 
 @pytest.mark.parametrize("name", marks.default_first(["asp", "gosgd", "lc_asgd"]))

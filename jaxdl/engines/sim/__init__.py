@@ -67,7 +67,8 @@ def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
   common = dict(servers=c.servers, speeds=speeds, jitter=c.jitter,
                 straggler_prob=c.straggler_prob, straggler_slowdown=c.straggler_slowdown,
                 seed=config.train.seed,
-                message_bytes=problem.message_bytes() if problem.compresses else None)
+                message_bytes=problem.message_bytes() if problem.compresses else None,
+                reply_bytes=problem.pull_bytes() if problem.compresses_pull else None)
   if cluster.is_profile(c.cluster):
     return cluster.CostModel(m, model_bytes=problem.model_bytes(),
                              **measured_costs(config, mean_batch), **common)
