@@ -83,15 +83,15 @@ def bare_round_trip(sent, returned, n: int) -> float:
 
 def messages(config: RunConfig):
   """A worker's push and the server's pull as the ray engine sends them:
-  the leaves of a worker's state that its gradient changes, and those it
-  reads (host arrays)."""
+  the leaves of a worker's state that its gradient changes and the server
+  reads, and those the server changes and the gradient reads (host arrays)."""
   built = setup(config)
   try:
     state = take(built.engine.init(jax.random.key(0))[1], 0)
-    reads, changes = EventPrograms(built.algorithm, built.streams).message_parts(
+    parts = EventPrograms(built.algorithm, built.streams).message_parts(
         state, one_batch(built.streams, 0, 0))
     leaves = jax.device_get(jax.tree.leaves(state))
-    return [leaves[i] for i in changes], [leaves[i] for i in reads]
+    return [leaves[i] for i in parts.push], [leaves[i] for i in parts.reply]
   finally:
     built.engine.close()
 

@@ -428,6 +428,23 @@ def test_compression_where_it_makes_no_sense_is_refused(tmp_path, capsys, args, 
   assert says in line
 
 
+@pytest.mark.parametrize("value, args, says", [
+    ("topk:2", ["--algorithm", "asp", "--workers", "2"], "topk:FRACTION with FRACTION in (0, 1]"),
+    ("zip", ["--algorithm", "asp", "--workers", "2"], "NAME one of none, topk[:FRACTION]"),
+    ("topk:0.01", ["--algorithm", "easgd", "--workers", "2"], "none for easgd: only a parameter "
+     "server's reply to a pull is compressed (asp, ssp, dc_asgd, lc_asgd)"),
+    ("sign", ["--algorithm", "bsp", "--workers", "2"], "none for bsp"),
+    ("sign", ["--algorithm", "gosgd", "--workers", "2"], "none for gosgd"),
+])
+def test_a_bad_pull_compressor_is_refused(tmp_path, capsys, value, args, says):
+  """--compress-pull takes --compress's values, and only where a parameter
+  server replies to pulls."""
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--compress-pull", value, *args],
+                 "--compress-pull", out)
+  assert says in line
+
+
 @pytest.mark.parametrize("algorithm", ["gosgd", "ad_psgd"])
 def test_compressed_gossip_among_too_many_workers_is_refused(tmp_path, capsys, algorithm):
   """Compressed gossip keeps a reference model at both ends of every ordered

@@ -83,29 +83,76 @@ class ADPSGDSettings(Settings):
     require("consensus_step", gamma, 0 < gamma <= 1, "a step size in (0, 1]")
 
 
+class Offer(NamedTuple):
+  """What worker m sends the neighbour k it averages with."""
+  params: Any       # x_m; with --compress, q_mk = C(x_m - r_{m->k}) (its payload)
+  model_state: Any  # m's batch-norm statistics
+  sender: Any = ()  # m, int32 (--compress: the reference k updates; () without)
+
+
+class Answer(NamedTuple):
+  """What k sends back."""
+  params: Any       # (x_m + x_k) / 2; with --compress, q_km (its payload)
+  model_state: Any  # the pair's mean statistics
+  sender: Any = ()  # k, int32 (--compress)
+
+
+def _mean(a, b):
+  return jax.tree.map(lambda x, y: (x + y) / 2, a, b)
+
+
+def _toward(gamma: float, r_km, r_mk):
+  """gamma (r_{k->m} - r_{m->k}): what m gains and k loses. Each end
+  computes it from its own copies of both references, which hold the same
+  bits, and a - b = -(b - a) in floating point."""
+  return jax.tree.map(lambda a, b: gamma * (a - b), r_km, r_mk)
+
+
+def offer(problem: Problem, worker: PeerWorker, peer) -> tuple[PeerWorker, Offer]:
+  """Worker m's part of an average with worker `peer` (k): what it sends, and
+  with --compress its links with r_{m->k} updated."""
+  if not problem.compresses:
+    return worker, Offer(worker.params, worker.model_state)
+  links, q = pairwise.encode(problem.compress, worker.links, worker.params, peer)
+  return worker._replace(links=links), Offer(q, worker.model_state, links.index)
+
+
+def answer(problem: Problem, gamma: float, peer: PeerWorker,
+           message: Offer) -> tuple[PeerWorker, Answer]:
+  """k's part, on m's offer's arrival: k averaged, and what it sends back."""
+  model_state = _mean(message.model_state, peer.model_state)
+  if not problem.compresses:
+    params = _mean(message.params, peer.params)
+    return peer._replace(params=params, model_state=model_state), Answer(params, model_state)
+  m = message.sender
+  links, q = pairwise.encode(problem.compress, peer.links, peer.params, m)
+  links, r_mk = pairwise.decode(problem.compress, links, message.params, m)
+  step = _toward(gamma, pairwise.sent_to(links, m), r_mk)
+  return (peer._replace(params=jax.tree.map(jax.numpy.subtract, peer.params, step),
+                        model_state=model_state, links=links),
+          Answer(q, model_state, links.index))
+
+
+def accept(problem: Problem, gamma: float, worker: PeerWorker, reply: Answer) -> PeerWorker:
+  """m's part once k's answer arrives (`worker`: as its offer left it)."""
+  if not problem.compresses:
+    return worker._replace(params=reply.params, model_state=reply.model_state)
+  k = reply.sender
+  links, r_km = pairwise.decode(problem.compress, worker.links, reply.params, k)
+  step = _toward(gamma, r_km, pairwise.sent_to(links, k))
+  return worker._replace(params=jax.tree.map(jax.numpy.add, worker.params, step),
+                         model_state=reply.model_state, links=links)
+
+
 def average(problem: Problem, worker: PeerWorker, peer: PeerWorker,
             gamma: float = ADPSGDSettings.consensus_step):
-  """Atomic averaging of two workers' models -> (worker, peer); with
-  --compress, CHOCO-SGD's consensus step `gamma` between the pair's
-  references (see the module's docstring)."""
-  mean = lambda a, b: (a + b) / 2
-  model_state = jax.tree.map(mean, worker.model_state, peer.model_state)
-  if not problem.compresses:
-    params = jax.tree.map(mean, worker.params, peer.params)
-    return (worker._replace(params=params, model_state=model_state),
-            peer._replace(params=params, model_state=model_state))
-  m, k = worker.links.index, peer.links.index
-  mine, q_mk = pairwise.encode(problem.compress, worker.links, worker.params, k)
-  theirs, q_km = pairwise.encode(problem.compress, peer.links, peer.params, m)
-  mine, x_k = pairwise.decode(problem.compress, mine, q_km, k)
-  theirs, x_m = pairwise.decode(problem.compress, theirs, q_mk, m)
-  # r_{k->m} - r_{m->k}: both ends hold both references, bit for bit, and
-  # a - b = -(b - a) in floating point: what m gains, k loses
-  step = jax.tree.map(lambda r_km, r_mk: gamma * (r_km - r_mk), x_k, x_m)
-  return (worker._replace(params=jax.tree.map(jax.numpy.add, worker.params, step),
-                          model_state=model_state, links=mine),
-          peer._replace(params=jax.tree.map(jax.numpy.subtract, peer.params, step),
-                        model_state=model_state, links=theirs))
+  """Atomic averaging of two workers' models -> (worker, peer): m's offer,
+  k's answer, m's acceptance; with --compress, CHOCO-SGD's consensus step
+  `gamma` between the pair's references (see the module's docstring)."""
+  k = peer.links.index if problem.compresses else 0
+  worker, message = offer(problem, worker, k)
+  peer, reply = answer(problem, gamma, peer, message)
+  return accept(problem, gamma, worker, reply), peer
 
 
 def evaluated(workers: PeerWorker):
@@ -133,7 +180,9 @@ def build(settings: ADPSGDSettings, problem: Problem, num_workers: int) -> Decen
   return Decentralized(
       init=init, pull=lambda worker: worker._replace(pulled=worker.params), compute=compute,
       average=lambda worker, peer: average(problem, worker, peer, gamma), apply=apply,
-      evaluated=evaluated,
+      evaluated=evaluated, offer=lambda worker, peer: offer(problem, worker, peer),
+      answer=lambda peer, message: answer(problem, gamma, peer, message),
+      accept=lambda worker, reply: accept(problem, gamma, worker, reply),
       # each iteration: a round trip of the model (compressed with --compress)
       # with one neighbour
       bytes_per_step=2.0 * num_workers * problem.message_bytes())

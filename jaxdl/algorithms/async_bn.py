@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl.algorithms.base import Problem
-from jaxdl.algorithms.shapes import Centralized, Elastic
+from jaxdl.algorithms.shapes import Centralized, Elastic, exchange_parts
 from jaxdl.errors import ConfigError
 
 
@@ -65,4 +65,16 @@ def wrap(algorithm: Centralized | Elastic, problem: Problem, decay: float,
   if isinstance(algorithm, Centralized):
     changes["pull"] = lambda server, worker, seconds: algorithm.pull(server.inner, worker,
                                                                      seconds)
+  else:  # the exchange's messages: the worker's report travels with its own
+    meet, take = exchange_parts(algorithm)
+
+    def met(worker, center: ServerState):
+      worker_after, message = meet(worker, center.inner)
+      return worker_after, (message, worker.model_state)
+
+    def taken(center: ServerState, message) -> ServerState:
+      message, reported = message
+      return ServerState(take(center.inner, message),
+                         moving_average(center.stats, reported, decay))
+    changes.update(meet=met, take=taken)
   return dataclasses.replace(algorithm, **changes)

@@ -11,9 +11,10 @@ With --compress, the worker's part of an exchange is the elastic
 difference d, a model difference: it sends c = C(d + e) to the center and
 keeps e <- d + e - c (error feedback, in its `outbox`); the center moves by
 c, the worker by its own d. Center + workers + residuals is conserved, as
-center + workers is without compression. The center's reply, its model,
-stays whole. As without compression the exchange is atomic (the worker
-reads w and the center adds c under one lock).
+center + workers is without compression. The center's model, which the
+worker reads to compute d, travels whole. As without compression the
+exchange is atomic (the worker reads w and the center adds c under one
+lock: `meet` on the worker, `take` at the center).
 
 Versions read: `local` reads the worker's own parameters; `exchange` the
 worker's parameters as they were when it sent them (it takes no step while
@@ -62,14 +63,27 @@ def local(problem: Problem, worker: TrainState | ElasticWorker, batch):
   return problem.apply_gradients(worker, grads, model_state), metrics
 
 
+def meet(problem: Problem, alpha: float, worker: ElasticWorker, center: Center):
+  """The worker's part of an exchange with the center as it is -> (worker,
+  message): d = alpha (x - w); it moves by d and sends d (with --compress,
+  the payload of C(d + e), keeping its residual)."""
+  d = jax.tree.map(lambda x, w: alpha * (x - w), worker.params, center.params)
+  sent, outbox = problem.encode_message(d, worker.outbox)
+  return worker._replace(params=jax.tree.map(lambda x, di: x - di, worker.params, d),
+                         outbox=outbox), sent
+
+
+def take(problem: Problem, center: Center, message) -> Center:
+  """The center's part: it adds what the worker sent."""
+  return Center(jax.tree.map(lambda w, di: w + di, center.params,
+                             problem.decode_message(message, center.params)))
+
+
 def exchange(problem: Problem, alpha: float, center: Center, worker: ElasticWorker):
   """The elastic update between a worker and the center -> (center, worker);
   what the center adds is compressed with --compress."""
-  d = jax.tree.map(lambda x, w: alpha * (x - w), worker.params, center.params)
-  sent, outbox = problem.compress_message(d, worker.outbox)
-  return (Center(jax.tree.map(lambda w, di: w + di, center.params, sent)),
-          worker._replace(params=jax.tree.map(lambda x, di: x - di, worker.params, d),
-                          outbox=outbox))
+  worker, message = meet(problem, alpha, worker, center)
+  return take(problem, center, message), worker
 
 
 def init(problem: Problem, key, worker) -> ElasticWorker:
@@ -86,6 +100,8 @@ def build(settings: EASGDSettings, problem: Problem, num_workers: int) -> Elasti
       init=lambda key, worker: init(problem, key, worker),
       local=lambda worker, batch: local(problem, worker, batch),
       exchange=lambda center, worker: exchange(problem, alpha, center, worker),
+      meet=lambda worker, center: meet(problem, alpha, worker, center),
+      take=lambda center, message: take(problem, center, message),
       evaluated=server_evaluated,
       # each exchange: the worker's (compressed) difference, the center's model back
       bytes_per_step=(num_workers * (problem.message_bytes() + problem.model_bytes())

@@ -93,6 +93,13 @@ class Elastic:
   local(worker, batch) -> (worker, metric shares)
   exchange(center, worker) -> (center, worker), on the worker's arrival
   evaluated(center, workers) -> (params, model_state);  report(center) -> dict
+
+  An exchange as its messages, for an engine whose worker and center are
+  apart (exchange is take of meet; None: the worker runs `exchange` on the
+  center it was given and sends the center's new state; `exchange_parts`):
+  meet(worker, center) -> (worker, message): the worker's part, given the
+    center as it is, and what it sends the center
+  take(center, message) -> center: the center's part
   """
   init_server: Callable[[jax.Array], State]
   init: Callable[[jax.Array, jax.Array], State]
@@ -102,6 +109,8 @@ class Elastic:
   report: Callable[[State], dict] = _no_report
   bytes_per_step: float = 0.0
   period: int = 1
+  meet: Callable[[State, State], tuple[State, Any]] | None = None
+  take: Callable[[State, Any], State] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +145,14 @@ class Decentralized:
   average(worker, peer) -> (worker, peer), atomic
   apply(worker) -> worker: the gradient applied to the worker's own model
   evaluated(workers) -> (params, model_state)
+
+  An average as its two messages, for an engine whose workers are apart
+  (average is accept of answer of offer; None: the worker's whole state
+  goes, and the peer runs `average`; `average_parts`):
+  offer(worker, peer) -> (worker, message): the worker's part before, and
+    what it sends worker `peer` (an int32)
+  answer(peer, message) -> (peer, reply): the peer's part, and what it sends back
+  accept(worker, reply) -> worker: the worker's part after
   """
   init: Callable[[jax.Array, jax.Array], State]
   pull: Callable[[State], State]
@@ -144,6 +161,31 @@ class Decentralized:
   apply: Callable[[State], State]
   evaluated: Callable[[State], tuple[Any, Any]]
   bytes_per_step: float = 0.0
+  offer: Callable[[State, jax.Array], tuple[State, Any]] | None = None
+  answer: Callable[[State, Any], tuple[State, Any]] | None = None
+  accept: Callable[[State, Any], State] | None = None
+
+
+def exchange_parts(algorithm: Elastic) -> tuple[Callable, Callable]:
+  """(meet, take): the algorithm's own, or `exchange` run by the worker."""
+  if algorithm.meet is not None:
+    return algorithm.meet, algorithm.take
+
+  def meet(worker, center):
+    center, worker = algorithm.exchange(center, worker)
+    return worker, center
+  return meet, lambda center, message: message
+
+
+def average_parts(algorithm: Decentralized) -> tuple[Callable, Callable, Callable]:
+  """(offer, answer, accept): the algorithm's own, or `average` run by the peer."""
+  if algorithm.offer is not None:
+    return algorithm.offer, algorithm.answer, algorithm.accept
+
+  def answer(peer, worker):
+    worker, peer = algorithm.average(worker, peer)
+    return peer, worker
+  return lambda worker, peer: (worker, worker), answer, lambda worker, reply: reply
 
 
 Shape = Union[Collective, Centralized, Elastic, Gossip, Decentralized]

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip, Shape)
-from jaxdl.algorithms.shapes import has_server
+from jaxdl.algorithms.shapes import average_parts, exchange_parts, has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.shards import sharded
@@ -35,9 +35,11 @@ def event_functions(algorithm: Shape) -> dict[str, Callable]:
     return {"pull": lambda server, worker, seconds: algorithm.pull(worker),
             "compute": algorithm.compute,
             "apply": lambda server, worker, seconds: (server, algorithm.apply(worker)),
-            "pair": algorithm.average}
+            "pair": algorithm.average,
+            **dict(zip(("offer", "answer", "accept"), average_parts(algorithm)))}
   if isinstance(algorithm, Elastic):
-    return {"local": algorithm.local, "exchange": algorithm.exchange}
+    return {"local": algorithm.local, "exchange": algorithm.exchange,
+            **dict(zip(("meet", "take"), exchange_parts(algorithm)))}
   if isinstance(algorithm, Gossip):
     return {"local": algorithm.local, "send": algorithm.send, "receive": algorithm.receive}
   raise TypeError(f"not an event shape: {type(algorithm).__name__}")
@@ -115,6 +117,8 @@ class EventPrograms:
     self.algorithm, self.streams = algorithm, streams
     self.shares = streams.weights().sum(axis=1)  # b_m / B per worker
     self.fns = {name: jax.jit(fn) for name, fn in event_functions(algorithm).items()}
+    for composed in ("pair", "exchange"):  # run as the programs of their parts (below)
+      self.fns.pop(composed, None)
     self.partition, self.shards = None, []
     if servers > 1 and isinstance(algorithm, Centralized):
       self.partition, self.shards, self.fns["pull"], self.fns["apply"] = sharded(
@@ -125,6 +129,21 @@ class EventPrograms:
       return self.__dict__["fns"][name]
     except KeyError:
       raise AttributeError(name) from None
+
+  def pair(self, worker, peer, k):
+    """AD-PSGD's average of `worker` with `peer`, worker k: the worker's
+    offer, the peer's answer and the worker's acceptance, each its own
+    program (a real engine's worker and peer run them apart)."""
+    worker, message = self.offer(worker, k)
+    peer, reply = self.answer(peer, message)
+    return self.accept(worker, reply), peer
+
+  def exchange(self, center, worker):
+    """EASGD's exchange: the worker's part given the center, then the
+    center's, each its own program (a real engine's worker and center run
+    them apart)."""
+    worker, message = self.meet(worker, center)
+    return self.take(center, message), worker
 
   def means(self, worker: int, shares: dict[str, Any]) -> dict[str, float]:
     """A worker's metric shares as its own batch's means (host floats)."""
@@ -249,7 +268,7 @@ class EventReplay:
       elif e.kind == "gossip":  # the receiver changes
         w, worker = e.peer, p.receive(take(workers, e.peer), take(server, slots[i]))
       elif e.kind == "average":
-        worker, peer = p.pair(worker, take(workers, e.peer))
+        worker, peer = p.pair(worker, take(workers, e.peer), np.int32(e.peer))
         workers = put(workers, e.peer, peer)
       else:
         raise ValueError(f"event {e}: not a {type(algorithm).__name__} event")

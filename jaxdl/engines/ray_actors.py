@@ -40,7 +40,8 @@ import numpy as np
 
 from jaxdl.algorithms import Elastic, Gossip
 from jaxdl.engines.base import process_identity
-from jaxdl.engines.events import EventPrograms, initial_state, one_batch, stack, take
+from jaxdl.engines.events import (EventPrograms, initial_state, one_batch, stack, state_shapes,
+                                  take)
 from jaxdl.engines.split import SplitWorker
 from jaxdl.trace import Event
 
@@ -76,10 +77,6 @@ def _pin(config, worker: int) -> None:
       pass
 
 
-def _nbytes(tree) -> int:
-  return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
-
-
 def wire_bytes(message) -> int:
   """The bytes of `message` serialized as Ray sends it: pickle protocol 5,
   its arrays' buffers out of band (the header plus the buffers)."""
@@ -95,6 +92,11 @@ def packed(leaves: Sequence) -> np.ndarray:
   top-k payload). The receiver knows the leaves' shapes."""
   flat = [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in jax.device_get(leaves)]
   return np.concatenate(flat) if flat else np.zeros(0, np.uint8)
+
+
+def unpacked_tree(buffer: np.ndarray, like):
+  """The tree shaped like `like` whose leaves `packed` put in `buffer`."""
+  return jax.tree.unflatten(jax.tree.structure(like), unpacked(buffer, jax.tree.leaves(like)))
 
 
 def unpacked(buffer: np.ndarray, like: Sequence) -> list:
@@ -692,11 +694,15 @@ class Coordinator(_Ledger):
     self.owed: list[list[int]] = [[] for _ in range(self.m)]  # cuts a worker still owes
     self.partner: dict[int, int] = {}  # AD-PSGD's pairs, both ways; a donor: itself
     self.undelivered: set[tuple[int, int]] = set()  # GoSGD's messages: (sender, step)
+    self.lent: int | None = None  # EASGD: the worker that has the center, in its exchange
 
   def warm_up(self) -> None:
-    """Compiles the exchange with the center (its result is dropped)."""
-    if "exchange" in self.programs.fns:
-      jax.block_until_ready(self.programs.exchange(self.server, self.workers[0]))
+    """Compiles the center's part of an exchange (its result is dropped),
+    and learns the shapes of a worker's message."""
+    if "take" in self.programs.fns:
+      _, message = self.programs.meet(self.workers[0], self.server)
+      jax.block_until_ready(self.programs.take(self.server, message))
+      self.take_like = jax.device_get(message)
 
   def _workers_at_end(self, step: int) -> list:
     """Every worker owes its model at the end of `step`, deposited later."""
@@ -760,18 +766,36 @@ class Coordinator(_Ledger):
     if not self._stale(w, incarnation):
       await self.deposit(self._owed(w), {w: state})
 
-  async def exchange(self, w: int, c: int, worker, incarnation: int):
-    """EASGD: worker w's model meets the center on arrival, after its local
-    step c. The worker's new model, or None once the run is over."""
+  async def lend(self, w: int, incarnation: int):
+    """EASGD: worker w's exchange begins: it takes the center, once no other
+    worker has it, until its message comes back (`give`), so the exchange
+    is atomic. (The center's state, packed, or None once the run is over;
+    the cuts w owes, for it to deposit its model at.)"""
+    async with self.changed:
+      await self.changed.wait_for(lambda: self.finished or self.lent is None)
     if self._stale(w, incarnation):
-      return None
-    await self.deposit(self._owed(w), {w: worker})
+      return None, {}
+    owed = self._owed(w)
     if self.finished:
-      return None
-    self.server, worker = self.programs.exchange(self.server, worker)
-    self._event("exchange", w, iteration=c)
-    self.bytes_total += 2 * _nbytes(worker)
-    return jax.device_get(worker)
+      return None, owed
+    self.lent = w
+    center = packed(jax.tree.leaves(self.server))
+    self.bytes_total += wire_bytes(center)
+    return center, owed
+
+  async def give(self, w: int, c: int, message: np.ndarray, incarnation: int) -> bool:
+    """EASGD: worker w's message, after its local step c, meets the center
+    it took; whether the exchange took place (not once the run is over)."""
+    if self._stale(w, incarnation):
+      return False
+    self.lent = None
+    done = not self.finished
+    if done:
+      self.server = self.programs.take(self.server, unpacked_tree(message, self.take_like))
+      self._event("exchange", w, iteration=c)
+      self.bytes_total += wire_bytes(message)
+    await self._notify()
+    return done
 
   async def _taken(self, *workers: int) -> None:
     """Once none of `workers` is in an average (or giving its model)."""
@@ -792,10 +816,12 @@ class Coordinator(_Ledger):
     return True
 
   def _release(self, w: int) -> None:
-    """Ends worker w's average (or donation)."""
+    """Ends worker w's average (or donation, or its hold on the center)."""
     peer = self.partner.pop(w, None)
     if peer is not None:
       self.partner.pop(peer, None)
+    if self.lent == w:
+      self.lent = None
 
   async def unpair(self, w: int, nbytes: int) -> None:
     self._release(w)
@@ -862,16 +888,28 @@ class Peer:
     return process_identity(f"worker {self.w}")
 
   def warm_up(self, state) -> None:
-    """Compiles the worker's programs on its first batch (the results are dropped)."""
-    p, batch = self.programs, one_batch(self.streams, self.w, 0)
+    """Compiles the worker's programs on its first batch (the results are
+    dropped), and learns the shapes of the messages it receives."""
+    p, batch, zero = self.programs, one_batch(self.streams, self.w, 0), np.int32(0)
     if "send" in p.fns:
-      worker, message = p.send(p.local(state, batch)[0], np.int32(0))
+      worker, message = p.send(p.local(state, batch)[0], zero)
       jax.block_until_ready(p.receive(worker, message))
+      self.like = {"gossip": message}
     elif "local" in p.fns:
-      jax.block_until_ready(p.local(state, batch))
+      center = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), state_shapes(p.algorithm)[0])
+      jax.block_until_ready(p.meet(p.local(state, batch)[0], center))
+      self.like = {"center": center}
     else:
       worker, _ = p.compute(p.pull((), state, np.float32(0.0)), batch)
-      jax.block_until_ready((p.apply((), worker, np.float32(0.0)), p.pair(worker, worker)))
+      jax.block_until_ready(p.apply((), worker, np.float32(0.0)))
+      worker, offer = p.offer(worker, zero)
+      peer, answer = p.answer(worker, offer)
+      jax.block_until_ready(p.accept(worker, answer))
+      self.like = {"offer": offer, "answer": answer}
+
+  def _message(self, kind: str, buffer: np.ndarray):
+    """A message of kind `kind` ("gossip", "offer", "answer", "center") from its buffer."""
+    return unpacked_tree(buffer, self.like[kind])
 
   def _ask(self, w: int, kind: str, c: int, peer: int = -1, metrics=None,
            models=None, nbytes: int = 0, seconds: float | None = None,
@@ -880,15 +918,22 @@ class Peer:
     at the cuts owed: `models`, each worker's before the event (unset: this
     worker's own). `incarnation`: that of another worker w's process (None:
     not checked); this worker's own is known."""
+    return self._ticket(w, kind, c, peer, metrics, models, nbytes, seconds, incarnation)[0]
+
+  def _ticket(self, w: int, kind: str, c: int, peer: int = -1, metrics=None, models=None,
+              nbytes: int = 0, seconds: float | None = None, incarnation: int | None = None):
+    """`_ask`'s (whether it is granted, the cuts owed by workers not in
+    `models`, whose own processes deposit them)."""
     import ray
     incarnation = self.incarnation if w == self.w else incarnation
     granted, owed = ray.get(self.coordinator.ticket.remote(w, kind, c, peer, metrics, nbytes,
                                                            seconds, incarnation))
-    if owed:
-      models = models or {self.w: self.state}
+    models = models or {self.w: self.state}
+    if any(v in models for v in owed):
       ray.get(self.coordinator.deposit.remote(
-          owed, {v: jax.device_get(models[v]) for v in owed}))
-    return granted
+          {v: s for v, s in owed.items() if v in models},
+          {v: jax.device_get(models[v]) for v in owed if v in models}))
+    return granted, {v: s for v, s in owed.items() if v not in models}
 
   def begin(self, state) -> None:
     """Takes its model at the run's start, before any worker runs (a peer's
@@ -945,11 +990,16 @@ class Peer:
   def _elastic(self, c: int, peers) -> None:
     import ray
     while self._local(c):
-      if (c + 1) % self.algorithm.period == 0:  # it waits for the center's reply
+      if (c + 1) % self.algorithm.period == 0:  # it waits for the center
         with self.lock:
-          new = ray.get(self.coordinator.exchange.remote(self.w, c, jax.device_get(self.state),
-                                                        self.incarnation))
-          if new is None:
+          center, owed = ray.get(self.coordinator.lend.remote(self.w, self.incarnation))
+          if owed:  # its model before the exchange, at the cuts it owed
+            ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+          if center is None:
+            return
+          new, message = self.programs.meet(self.state, self._message("center", center))
+          if not ray.get(self.coordinator.give.remote(
+              self.w, c, packed(jax.tree.leaves(message)), self.incarnation)):
             return
           self.state = new
       c += 1
@@ -967,8 +1017,8 @@ class Peer:
         self._returned(sent, timeout=None)
         with self.lock:
           new, message = self.programs.send(self.state, np.int32(k))
-          message = jax.device_get(message)
-          if not self._ask(self.w, "send", c, k, nbytes=_nbytes(message)):
+          message = packed(jax.tree.leaves(message))
+          if not self._ask(self.w, "send", c, k, nbytes=wire_bytes(message)):
             break
           self.state = new
         sent[peers[k].receive.remote(self.w, c, message)] = c, message  # it goes on
@@ -1003,7 +1053,7 @@ class Peer:
       if self.state is None:
         return False
       if self._ask(w, "gossip", c, self.w, models={self.w: self.state}):
-        self.state = self.programs.receive(self.state, message)
+        self.state = self.programs.receive(self.state, self._message("gossip", message))
       return True
 
   def _decentralized(self, c: int, peers) -> None:
@@ -1022,17 +1072,22 @@ class Peer:
         k = self._other(np.random.default_rng([self.seed, self.w, c]), len(peers))
         if not ray.get(self.coordinator.pair.remote(self.w, k, c, self.incarnation)):
           return
-        with self.lock:
-          mine = jax.device_get(self.state)
+        with self.lock:  # its offer: taken on only once the average is done
+          offered, message = p.offer(self.state, np.int32(k))
+          message = packed(jax.tree.leaves(message))
         try:
-          over, averaged = ray.get(peers[k].average.remote(self.w, c, mine, self.incarnation))
+          over, reply, owed = ray.get(peers[k].average.remote(self.w, c, message,
+                                                              self.incarnation))
         except ray.exceptions.RayActorError:  # k's process died: no average
-          over, averaged = False, None
+          over, reply, owed = False, None, {}
           ray.get(self.coordinator.cancel.remote(self.w, k, c))
-        if averaged is not None:
-          with self.lock:
-            self.state = averaged
-        ray.get(self.coordinator.unpair.remote(self.w, 2 * _nbytes(mine)))
+        with self.lock:
+          if owed:  # its model before the average (or the run's end), at the cuts it owed
+            ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+          if reply is not None:
+            self.state = p.accept(offered, self._message("answer", reply))
+        nbytes = wire_bytes(message) + (0 if reply is None else wire_bytes(reply))
+        ray.get(self.coordinator.unpair.remote(self.w, nbytes))
         if over:
           return
       with self.lock:
@@ -1041,19 +1096,21 @@ class Peer:
         self.state = p.apply((), self.state, none)[1]
       c += 1
 
-  def average(self, w: int, c: int, worker, incarnation: int):
+  def average(self, w: int, c: int, message: np.ndarray, incarnation: int):
     """AD-PSGD: worker w (after its iteration c's gradient) averages with this
-    one, atomically: (whether the run is over, w's new model or None if no
-    average took place: the run is over, or this process was restarted and
-    has no model yet)."""
+    one, atomically, from its offer `message`: (whether the run is over, the
+    answer to w or None if no average took place: the run is over, or this
+    process was restarted and has no model yet; the cuts w owes, for w to
+    deposit its model at)."""
     with self.lock:
       if self.state is None:
-        return False, None
-      if not self._ask(w, "average", c, self.w, models={w: worker, self.w: self.state},
-                       incarnation=incarnation):
-        return True, None
-      worker, self.state = self.programs.pair(worker, self.state)
-      return False, jax.device_get(worker)
+        return False, None, {}
+      granted, owed = self._ticket(w, "average", c, self.w, models={self.w: self.state},
+                                   incarnation=incarnation)
+      if not granted:
+        return True, None, owed
+      self.state, answer = self.programs.answer(self.state, self._message("offer", message))
+      return False, packed(jax.tree.leaves(answer)), owed
 
 
 class Process:

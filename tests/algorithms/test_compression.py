@@ -9,8 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdl.algorithms.compression import (COMPRESSORS, CompressSpec, compress, compression,
-                                          init_memory, kept, message_bytes, parse_compress, qsgd,
+from jaxdl.algorithms.compression import (COMPRESSORS, CompressSpec, LowRank, compress,
+                                          compression, decode, encode, encoded, init_memory, kept,
+                                          message_bytes, parse_compress, qsgd,
                                           qsgd_variance_bound, random_k, scaled_sign, top_k)
 from jaxdl.errors import ConfigError
 from tests import marks
@@ -379,6 +380,64 @@ def test_sparse_message_size_counts_what_is_sent(spec):
   x = {"w": RNG.uniform(1, 2, size=(6, 5)).astype(np.float32)}  # no zero coordinate
   c, _ = _run(compression(spec, error_feedback=False), [x])
   assert np.count_nonzero(c[0]["w"]) * 8 == message_bytes(spec, x)
+
+
+# -- messages as they travel: payloads --------------------------------------------
+
+def _bits(tree):
+  """The leaves' bits (-0.0 is not 0.0)."""
+  return [np.asarray(x).view(np.uint8) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY, "qsgd:300"])
+def test_a_payload_is_the_message_byte_for_byte_and_decodes_apart_to_the_same_bits(spec):
+  """What travels is the payload: its arrays hold exactly `message_bytes`
+  (qsgd:300 packs 10 bits a coordinate), and decoded in a program of its
+  own (a receiver's) it gives the bits `compress` gives in one (a sender's),
+  -0.0 included."""
+  g = _grads(1)[0]
+  g["w"][0, :3] = -0.0
+  key, memory = jax.random.key(3), init_memory(spec, PARAMS, 1)
+  payload, _ = jax.jit(lambda g: encode(spec, g, key, memory))(g)
+  assert sum(np.asarray(x).nbytes for x in jax.tree.leaves(payload)) == message_bytes(spec, PARAMS)
+  apart = jax.jit(lambda p: decode(spec, p, PARAMS))(payload)
+  together, _ = jax.jit(lambda g: compress(spec, g, key, memory))(g)
+  for a, b in zip(_bits(apart), _bits(together)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_each_payload_by_hand():
+  x = jnp.array([0.5, -3.0, 2.0, 0.0])
+  memory = (None,)
+  sparse = encode("topk:0.5", [x], jax.random.key(0), memory)[0][0]
+  np.testing.assert_array_equal(sparse.values, [-3.0, 2.0])
+  np.testing.assert_array_equal(sparse.indices, [1, 2])
+  # a scale, then one bit a coordinate (set where negative), 8 to a byte
+  signs = encode("sign", [x], jax.random.key(0), memory)[0][0]
+  assert float(signs.scale) == 1.375 and signs.negative.tolist() == [0b01000000]
+  # 5 levels: 3 bits a level and a sign bit; 5 (3, 4) / 5 are exact levels
+  quantized = encode("qsgd:5", [jnp.array([3.0, -4.0])], jax.random.key(0), memory,
+                     unbiased=True)[0][0]
+  assert float(quantized.norm) == 5.0 and quantized.codes.tolist() == [0b0011_1100]
+  low_rank, _ = encode("powersgd:2", {"w": PARAMS["w"] + 1}, jax.random.key(0),
+                       init_memory("powersgd:2", {"w": PARAMS["w"]}))
+  assert isinstance(low_rank["w"], LowRank)
+  assert (low_rank["w"].p.shape, low_rank["w"].q.shape) == ((6, 2), (5, 2))
+
+
+@pytest.mark.parametrize("spec", ["topk:0.1", "powersgd:1"])
+def test_encoded_is_the_transformations_step_as_it_travels(spec):
+  """`encoded`'s payload decodes to the transformation's updates, bit for
+  bit, and leaves the same state (residual, memory, key)."""
+  tx, grads = compression(spec, seed=2), _grads(2)
+  state = payload_state = tx.init(PARAMS)
+  for g in grads:
+    sent, state = tx.update(g, state)
+    payload, payload_state = encoded(spec, g, payload_state)
+    for a, b in zip(_bits(decode(spec, payload, g)), _bits(sent)):
+      np.testing.assert_array_equal(a, b)
+  for a, b in zip(_bits(payload_state), _bits(state)):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_every_compressor_is_tested_here():
