@@ -3,7 +3,7 @@
 1. ray: each algorithm and compressor on real processes (3 workers, the mlp
    on digits): the bytes its actors sent (`bytes_total`: the serialized
    messages) against what the sim engine counts for the messages its trace
-   records (`Problem.message_bytes`, `pull_bytes`, `model_bytes`), and
+   records (jaxdl.engines.sim.message_bytes), and
    whether the sim's replay of the trace gives its parameters bit for bit.
 2. asp: asp with top-k 1% of the pushes alone and of the pushes and the
    replies (--compress-pull), on the sim: bytes against the uncompressed
@@ -56,28 +56,15 @@ class Args:
   """asp: the runs' seeds."""
 
 
-def modelled_bytes(config, events) -> float:
-  """What the sim engine counts for the messages `events` record."""
-  from jaxdl.algorithms import Centralized, Elastic
-  from jaxdl.build import prepare
-  built = prepare(config)
-  problem, algorithm = built.problem, built.algorithm
-  push, pull, model = problem.message_bytes(), problem.pull_bytes(), problem.model_bytes()
-  count = lambda kind: sum(e.kind == kind for e in events)
-  if isinstance(algorithm, Centralized):
-    return count("pull") * pull + count("apply") * push
-  if isinstance(algorithm, Elastic):  # the center's model, then C(d)
-    return count("exchange") * (model + push)
-  return count("send") * push + count("average") * 2 * push  # gosgd's, ad_psgd's
-
-
 def ray(args: Args) -> None:
   import jaxdl
   from jaxdl import trace
+  from jaxdl.build import prepare
   from jaxdl.config import RunConfig
   from jaxdl.engines import ray_engine
+  from jaxdl.engines.sim import message_bytes
   ray_engine.connect(None)
-  print(f"{'algorithm':<9}{'settings':<58}{'bytes_total':>12}{'modelled':>12}{'ratio':>8}"
+  print(f"{'algorithm':<10}{'settings':<58}{'bytes_total':>12}{'modelled':>12}{'ratio':>8}"
         f"{'replay':>8}")
   with tempfile.TemporaryDirectory() as tmp:
     for i, (name, settings) in enumerate(RAY_CASES):
@@ -85,13 +72,14 @@ def ray(args: Args) -> None:
       config = RunConfig.make(algorithm=name, engine="ray", workers=3, steps=args.steps,
                               out=str(out / "ray"), **settings, **RUN)
       summary = jaxdl.run(config)
-      events = list(trace.read_trace(out / "ray" / "trace.jsonl"))
-      modelled = modelled_bytes(config, events)
+      built = prepare(config)
+      modelled = message_bytes(built.algorithm, built.problem,
+                               list(trace.read_trace(out / "ray" / "trace.jsonl")))
       replayed = jaxdl.run(config.replace(engine="sim", out=str(out / "sim"),
                                           replay=str(out / "ray" / "trace.jsonl")))
       same = replayed["params_fingerprint"] == summary["params_fingerprint"]
       text = " ".join(f"{k}={v}" for k, v in settings.items())
-      print(f"{name:<9}{text:<58}{summary['bytes_total']:>12,}{modelled:>12,.0f}"
+      print(f"{name:<10}{text:<58}{summary['bytes_total']:>12,}{modelled:>12,.0f}"
             f"{summary['bytes_total'] / modelled:>8.3f}{str(same):>8}", flush=True)
 
 

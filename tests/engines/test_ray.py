@@ -19,10 +19,10 @@ import pytest
 
 import jaxdl
 from jaxdl import trace
-from jaxdl.algorithms import Centralized, Elastic
 from jaxdl.build import prepare
 from jaxdl.config import RunConfig, validate
 from jaxdl.engines import ray_engine
+from jaxdl.engines.sim import message_bytes
 from jaxdl.errors import ConfigError
 from tests.helpers import jaxdl_command
 
@@ -243,26 +243,13 @@ def test_the_two_reductions_of_slowed_workers_give_the_same_parameters(ray_insta
   assert sim["test_loss"] == pytest.approx(runs["host"]["test_loss"], rel=1e-5)
 
 
-def _modelled_bytes(config: RunConfig, events) -> float:
-  """What the sim engine counts for the messages a trace's events sent (its
-  cost model's bytes: `Problem.message_bytes`, `pull_bytes`, `model_bytes`)."""
-  built = prepare(config)
-  problem, algorithm = built.problem, built.algorithm
-  push, pull, model = problem.message_bytes(), problem.pull_bytes(), problem.model_bytes()
-  count = lambda kind: sum(e.kind == kind for e in events)
-  if isinstance(algorithm, Centralized):
-    return count("pull") * pull + count("apply") * push
-  if isinstance(algorithm, Elastic):  # the center's model, then C(d)
-    return count("exchange") * (model + push)
-  return count("send") * push + count("average") * 2 * push  # gosgd's, ad_psgd's
-
-
 def _sends_what_it_counts(tmp_path, ray_run) -> None:
   """The ray run's bytes (the serialized messages its actors sent) are
   within 10% of what the sim counts for its trace's messages, and the sim's
   replay of the trace gives its parameters, bit for bit."""
-  config = RunConfig.load(str(tmp_path / "ray" / "config.json"))
-  modelled = _modelled_bytes(config, list(trace.read_trace(tmp_path / "ray" / "trace.jsonl")))
+  built = prepare(RunConfig.load(str(tmp_path / "ray" / "config.json")))
+  modelled = message_bytes(built.algorithm, built.problem,
+                           list(trace.read_trace(tmp_path / "ray" / "trace.jsonl")))
   assert ray_run["bytes_total"] == pytest.approx(modelled, rel=0.1)
   assert _replayed(tmp_path)["params_fingerprint"] == ray_run["params_fingerprint"]
 

@@ -318,3 +318,21 @@ def test_a_replay_computes_on_as_many_cores_as_the_recorded_workers(tmp_path, wo
     assert after == len(cores) and "may not give the run's bits" in warning
   else:
     assert warning is None and after == (1 if worker_cores == 1 else len(cores))
+
+
+@pytest.mark.parametrize("name,settings", [
+    ("asp", {"compress": "topk:0.01", "compress_pull": "qsgd:4"}),
+    marks.slow("gosgd", {"compress": "sign", "gossip_probability": 0.5}),
+    ("ad_psgd", {"compress": "topk:0.01"}),
+    marks.slow("easgd", {"compress": "topk:0.01", "communication_period": 2})])
+def test_a_traces_messages_are_counted_as_the_schedule_counts_them(name, settings):
+  """`message_bytes` of a schedule's events (what a real run's trace is
+  held to) is the bytes its network counted: pulls and pushes (each
+  compressed its own way), gossip messages, both halves of each average,
+  each exchange's center and elastic difference."""
+  from jaxdl.engines.sim import message_bytes
+  engine = make_engine(RunConfig.make(algorithm=name, engine="sim", compute_time=1e-3,
+                                      **dict(RUN, steps=12), **settings))
+  counted = message_bytes(engine.algorithm, engine.problem, engine.events)
+  assert counted == pytest.approx(engine.bytes_total, rel=0.01)
+  assert counted > 0

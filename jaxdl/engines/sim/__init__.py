@@ -81,6 +81,20 @@ def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
       profile=profile, network=c.network, latency=c.latency, **common)
 
 
+def message_bytes(algorithm: Shape, problem: Problem, events) -> float:
+  """The bytes the cost model counts for the messages that `events` (a
+  trace's) record: a parameter server's pulls and pushes, an exchange's
+  center and elastic difference, gossip messages, both halves of each
+  average (compressed as --compress and --compress-pull say)."""
+  push, pull, model = problem.message_bytes(), problem.pull_bytes(), problem.model_bytes()
+  count = lambda kind: sum(e.kind == kind for e in events)
+  if isinstance(algorithm, Centralized):
+    return count("pull") * pull + count("apply") * push
+  if isinstance(algorithm, Elastic):
+    return count("exchange") * (model + push)
+  return count("send") * push + count("average") * 2 * push
+
+
 def measured_costs(config, mean_batch: float) -> dict[str, float]:
   """The CostModel fields of the profile `--cluster PATH.json`, measured for
   this run's model, dataset and batch size (--compute-time overrides its
