@@ -5,7 +5,9 @@ The server applies a gradient g computed on the w_bak that worker m pulled as
 i.e. its update rule is `optax.chain(delay_compensation(...), <the run's
 optax rule>)`, with w_bak (the worker's entry in the staleness buffer) as the
 chain's extra argument. Schedule, workers and evaluated model are ASP's;
-`apply` reads the server as it is on arrival and the w_bak the worker pulled.
+`apply` reads the server as it is on arrival and the w_bak the worker pulled
+(with --compress-pull, the server's ledger of the worker's copy: the bits
+its gradient was computed on).
 """
 from __future__ import annotations
 

@@ -15,10 +15,14 @@ holds a worker's pull until the slowest clock allows it; split into k
 shards (`ShardedServer`, `Shard`, `ShardedWorker`), it keeps that order
 while each shard applies its own leaves of every push. A `Coordinator`
 (with `Peer`) serves workers that keep their own models: EASGD, GoSGD,
-AD-PSGD.
+AD-PSGD. Every message travels as one buffer of its leaves' bytes
+(`packed`; a compressed one's are its payload's), and `bytes_total`
+counts each as Ray serializes it (`wire_bytes`).
 
 A worker whose process dies is restarted by Ray. A parameter server's
-worker pulls again at its clock (its in-flight iteration is dropped). A
+worker pulls again at its clock (its in-flight iteration is dropped), sent
+its whole state (the driver refuses this with compressed messages: what
+only the worker held, its residual, is lost). A
 worker that kept its own model rejoins with a copy of another worker's
 whole state, taken in the trace's order (a "restart" event naming that
 peer); whatever the dead process held that no other process had is lost
@@ -100,10 +104,11 @@ def unpacked_tree(buffer: np.ndarray, like):
 
 
 def unpacked(buffer: np.ndarray, like: Sequence) -> list:
-  """The leaves that `packed` put in `buffer`, with the shapes and dtypes of `like`'s."""
+  """The leaves that `packed` put in `buffer`, with the shapes and dtypes of
+  `like`'s (arrays or jax.ShapeDtypeStruct)."""
   leaves, offset = [], 0
   for x in like:
-    shape, dtype = np.shape(x), np.dtype(x.dtype)
+    shape, dtype = tuple(x.shape), np.dtype(x.dtype)
     size = math.prod(shape)
     leaves.append(np.frombuffer(buffer, dtype, size, offset).reshape(shape))
     offset += size * dtype.itemsize
@@ -868,6 +873,19 @@ class Coordinator(_Ledger):
     return not self.finished, self.clocks[w], self.incarnation[w]
 
 
+def _received_shapes(programs: EventPrograms) -> dict[str, Any]:
+  """The shapes of the messages a worker that keeps its own model receives,
+  by kind: "gossip", "center" (EASGD's), "offer" and "answer" (AD-PSGD's)."""
+  algorithm, peer = programs.algorithm, jax.ShapeDtypeStruct((), np.int32)
+  server, worker = state_shapes(algorithm)
+  if isinstance(algorithm, Gossip):
+    return {"gossip": jax.eval_shape(programs.send, worker, peer)[1]}
+  if isinstance(algorithm, Elastic):
+    return {"center": server}
+  offer = jax.eval_shape(programs.offer, worker, peer)[1]
+  return {"offer": offer, "answer": jax.eval_shape(programs.answer, worker, offer)[1]}
+
+
 class Peer:
   """A worker that keeps its own model (easgd, gosgd, ad_psgd): a threaded
   actor, its own loop in one thread while peers' messages and averages
@@ -881,6 +899,7 @@ class Peer:
     self.w, self.coordinator, self.streams = worker, ray.get_actor(coordinator), built.streams
     self.algorithm, self.seed = built.algorithm, config.train.seed
     self.programs = EventPrograms(built.algorithm, built.streams)
+    self.like = _received_shapes(self.programs)
     self.lock = threading.Lock()
     self.state, self.incarnation = None, 0  # no model until `run` gives it one
 
@@ -889,23 +908,20 @@ class Peer:
 
   def warm_up(self, state) -> None:
     """Compiles the worker's programs on its first batch (the results are
-    dropped), and learns the shapes of the messages it receives."""
+    dropped)."""
     p, batch, zero = self.programs, one_batch(self.streams, self.w, 0), np.int32(0)
     if "send" in p.fns:
       worker, message = p.send(p.local(state, batch)[0], zero)
       jax.block_until_ready(p.receive(worker, message))
-      self.like = {"gossip": message}
     elif "local" in p.fns:
-      center = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), state_shapes(p.algorithm)[0])
+      center = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), self.like["center"])
       jax.block_until_ready(p.meet(p.local(state, batch)[0], center))
-      self.like = {"center": center}
     else:
       worker, _ = p.compute(p.pull((), state, np.float32(0.0)), batch)
       jax.block_until_ready(p.apply((), worker, np.float32(0.0)))
       worker, offer = p.offer(worker, zero)
       peer, answer = p.answer(worker, offer)
       jax.block_until_ready(p.accept(worker, answer))
-      self.like = {"offer": offer, "answer": answer}
 
   def _message(self, kind: str, buffer: np.ndarray):
     """A message of kind `kind` ("gossip", "offer", "answer", "center") from its buffer."""
