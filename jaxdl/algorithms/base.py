@@ -221,7 +221,7 @@ def mean_over_workers(stacked, weights: jax.Array | None = None):
   `weights` (M, summing to 1; None: equally), taken as worker 0's leaf plus
   the mean of the differences from it: where every worker holds the same
   value, the mean is that value bit for bit. (A plain mean is not: the
-  jnp.mean of three equal float32 values was another value for 33% of them.)"""
+  jnp.mean of three equal float32 values is another value for 32% of them.)"""
   def mean(x):
     differences = x - x[0]
     if weights is None:
