@@ -392,10 +392,13 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
             f" with --engine {engine}: its cells measure wall time on this machine"
             + (", one at a time" if field == "jobs" else ", with no simulated network"))
         raise ConfigError(field, value, allowed)
-    # (the real engines emulate the compute times of a grid of synchronous algorithms)
+    # The grid's compute times are emulated on a real engine where they are
+    # asked for: a grid of synchronous algorithms' (as they always were), or
+    # any grid's given a --compute-time on the command line (the grid's
+    # --jitter and stragglers then vary it, as on the sim).
     from jaxdl.algorithms import ALGORITHMS, Collective
-    emulated = EMULATED if engine in EMULATING_ENGINES and all(
-        ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants) else ()
+    emulated = EMULATED if engine in EMULATING_ENGINES and ("compute_time" in run_flags or all(
+        ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants)) else ()
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run
                                   if k not in SIMULATED_ONLY or k in run_flags or k in emulated))
   return grid
