@@ -4,13 +4,15 @@ the simulator's modelled time for it (its speed, --jitter, stragglers: the
 sim engine's draws for that worker and iteration). The trace records the
 padded times, replays on the sim bit for bit, and its wall times show the
 slow workers."""
+import json
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import jaxdl
-from jaxdl import trace
+from jaxdl import compare, trace
 from jaxdl.build import prepare
 from jaxdl.config import RunConfig
 from jaxdl.engines.sim import cost_model
@@ -120,3 +122,40 @@ def test_ssp_holds_its_bound_over_a_worker_four_times_slower(ray_instance, tmp_p
   slow, fast = np.median(took[3]), np.median([t for w in (0, 1, 2) for t in took[w]])
   assert slow >= 4 * seconds - CLOCK_S and fast >= seconds - CLOCK_S
   assert 2.5 < slow / fast < 4.5, (slow, fast)
+
+
+EXPERIMENT = Path(__file__).parents[2] / "experiments" / "stragglers.py"
+
+
+@pytest.mark.parametrize("engine", ["sim", "ray"])
+def test_the_straggler_experiment_runs_on_either_engine(tmp_path, engine):
+  """experiments/stragglers.py with --engine ray keeps its modelled compute
+  times (emulated, not dropped as a simulated cluster's): every cell is a
+  valid run, its workers slowed as on the sim."""
+  grid = compare.apply_args(compare.load_experiment(str(EXPERIMENT)), compare.CompareArgs(),
+                            {"engine": engine})
+  assert compare.check_cells(grid, tmp_path) == {}
+  run = dict(grid.run)
+  assert (run["engine"], run["compute_time"], run["worker_speeds"]) == (
+      engine, 0.05, (1.0, 1.0, 1.0, 0.25))
+  assert all(("network" in c.overrides) == (engine == "sim") for c in grid.cells())
+
+
+@pytest.mark.slow
+def test_the_straggler_comparison_on_real_processes(ray_instance, tmp_path):
+  """A short run of the straggler comparison on ray (asp and ssp s = 3):
+  the report names the engine, the slow worker makes fewer updates, and
+  under SSP the fast ones wait for it, as on the simulator."""
+  from jaxdl.cli import main
+  out = tmp_path / "cmp"
+  assert main(["compare", "--experiment", str(EXPERIMENT), "--engine", "ray", "--algorithms",
+               "asp", "ssp_s3", "--steps", "10", "--out", str(out), "--no-progress"]) == 0
+  report = (out / "report.md").read_text()
+  assert "2 training runs, 0 timing runs, on the ray engine." in report
+  summaries = {c: json.loads((out / f"{c}-m4" / "summary.json").read_text())
+               for c in ("asp", "ssp_s3")}
+  for cell, s in summaries.items():
+    assert s["engine"] == "ray" and s["batches_per_worker"][3] < min(s["batches_per_worker"][:3])
+    applies = [e for e in _events(out / f"{cell}-m4") if e.kind == "apply"]
+    assert all(e.duration >= 0.05 * (1 - 1e-6) * np.exp(-0.5) for e in applies)
+  assert min(summaries["ssp_s3"]["wait_s"][:3]) > 0 and not any(summaries["asp"]["wait_s"])
