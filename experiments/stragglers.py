@@ -4,7 +4,7 @@ the others, simulated or on real processes slowed for real (`--engine ray`:
 each worker sleeps until its batch has taken the modelled time).
 
   python experiments/stragglers.py                     # simulated, ~1 min on a CPU
-  python experiments/stragglers.py --engine ray        # measured: 4 worker processes, ~6 min
+  python experiments/stragglers.py --engine ray        # measured: 4 worker processes, ~5 min
   python experiments/stragglers.py --worker-speeds 1 1 1 1 --straggler-prob 0.1 \\
       --straggler-slowdown 4                           # IPDPS'21's: 10% of iterations 4x slower
 
@@ -19,8 +19,9 @@ Scale (``--scale``, or ``JAXDL_SCALE`` for `jaxdl compare --experiment`):
 The report (report.md in --out) names the engine; its scaling table gives
 each cell's time, waiting and staleness, and each cell's summary.json its
 batches per worker and trace.jsonl every padded compute time. Every other
-argument is a `jaxdl compare` flag (on ray: `--workers 4` only, the speeds
-are per worker); the default ``--out`` is ``runs/stragglers-<scale>``.
+argument is a `jaxdl compare` flag (another worker count needs its own
+`--batch-sizes` and `--worker-speeds`); the default ``--out`` is
+``runs/stragglers-<scale>``.
 """
 from __future__ import annotations
 

@@ -571,7 +571,7 @@ def resolve(config: RunConfig):
                       "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
   # a synchronous algorithm's workers may run programs of their own (jaxdl.engines.split)
   own_programs = engine in EMULATING_ENGINES and spec.shape is Collective
-  emulated = EMULATED if engine in EMULATING_ENGINES else ()
+  emulated = EMULATED if engine in EMULATING_ENGINES else ()  # every algorithm's workers
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
