@@ -156,6 +156,8 @@ def test_the_straggler_comparison_on_real_processes(ray_instance, tmp_path):
                for c in ("asp", "ssp_s3")}
   for cell, s in summaries.items():
     assert s["engine"] == "ray" and s["batches_per_worker"][3] < min(s["batches_per_worker"][:3])
+    # every batch padded: jitter 0.1 leaves it above 0.6 x its 0.05 s (an mlp
+    # gradient of 8 examples takes a few ms here)
     applies = [e for e in _events(out / f"{cell}-m4") if e.kind == "apply"]
-    assert all(e.duration >= 0.05 * (1 - 1e-6) * np.exp(-0.5) for e in applies)
+    assert min(e.duration for e in applies) > 0.03
   assert min(summaries["ssp_s3"]["wait_s"][:3]) > 0 and not any(summaries["asp"]["wait_s"])
