@@ -114,6 +114,11 @@ class Grid:
   """Networks of the timing-only (dry-run) cells: speedup at other bandwidths."""
   run: tuple[tuple[str, Any], ...] = DEFAULT_RUN
   """Flat `jaxdl run` fields shared by every cell."""
+  emulated: bool = False
+  """Whether its compute times (compute_time, jitter, stragglers) are its
+  workers' on every engine: emulated on a real one (each worker slowed for
+  real). Otherwise they are the simulated cluster's, which a real engine
+  drops, but for a grid of synchronous algorithms, whose workers emulate them."""
 
   def replace(self, **changes: Any) -> Grid:
     return dataclasses.replace(self, **changes)
@@ -392,10 +397,11 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
             f" with --engine {engine}: its cells measure wall time on this machine"
             + (", one at a time" if field == "jobs" else ", with no simulated network"))
         raise ConfigError(field, value, allowed)
-    # (the real engines emulate the compute times of a grid of synchronous algorithms)
+    # (the real engines emulate the compute times of an emulated grid, or of
+    # a grid of synchronous algorithms; those given here are kept in any case)
     from jaxdl.algorithms import ALGORITHMS, Collective
-    emulated = EMULATED if engine in EMULATING_ENGINES and all(
-        ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants) else ()
+    emulated = EMULATED if engine in EMULATING_ENGINES and (grid.emulated or all(
+        ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants)) else ()
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run
                                   if k not in SIMULATED_ONLY or k in run_flags or k in emulated))
   return grid

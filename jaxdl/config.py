@@ -104,7 +104,7 @@ class AlgorithmConfig:
 class ClusterConfig:
   """The machines: worker speeds and parameter-server shards."""
   worker_speeds: tuple[float, ...] | None = None
-  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion (unless --batch-sizes). --engine sim models the speeds; with --compute-time, a synchronous algorithm's workers on --engine mesh or ray are slowed to them for real (see --compute-time)."""
+  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion (unless --batch-sizes). --engine sim models the speeds; on --engine mesh or ray, with --compute-time, the workers are slowed to them for real (see --compute-time); without it they run at their own speed (the speeds only split the batch: refused with --batch-sizes)."""
   servers: int = 1
   """Parameter-server shards k: each owns about 1/k of the parameters and optimizer state (their bytes), and has its own link; with --engine ray, k shard actors (asp, ssp, dc_asgd, lc_asgd)."""
   cluster: str = "cpu"
@@ -114,11 +114,11 @@ class ClusterConfig:
   latency: float = 5e-5
   """Seconds per simulated message."""
   compute_time: float | None = None
-  """Seconds per batch (of the workers' mean --batch-sizes) on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster. With a synchronous algorithm on --engine mesh or ray, emulated: each worker runs its own program and sleeps until its batch has taken the modelled time (--worker-speeds, --jitter, stragglers, its share of the batch), if its real compute took less."""
+  """Seconds per batch (of the workers' mean --batch-sizes) on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster. On --engine mesh or ray, emulated: each worker sleeps until its batch has taken the modelled time (--worker-speeds, --jitter, stragglers, its share of the batch; the sim engine's draws for that worker and iteration), if its real compute took less; a synchronous algorithm's workers then each run their own program, an asynchronous algorithm's (ray) record the padded times in trace.jsonl."""
   jitter: float = 0.0
   """Sigma of the lognormal (mean 1) factor on every simulated (or emulated: --compute-time on a real engine) compute time."""
   straggler_prob: float = 0.0
-  """Probability that a simulated iteration straggles."""
+  """Probability that a simulated (or emulated: --compute-time on a real engine) iteration straggles."""
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
@@ -402,12 +402,32 @@ def _positive(field: str, value: float | int | None, *, allow_none=False, zero=F
 SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
                   "straggler_prob", "straggler_slowdown")
 EMULATING_ENGINES = ("mesh", "ray")
-"""The engines on real devices where a synchronous algorithm's workers may
-run programs of their own, slowed to the EMULATED settings."""
+"""The engines on real devices whose workers may be slowed to the EMULATED
+settings: a synchronous algorithm's, each running a program of its own
+(mesh, ray), and an asynchronous algorithm's processes (ray)."""
 EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
-"""Those that the real engines (mesh, ray) emulate for a synchronous
-algorithm: each worker sleeps until its batch has taken the modelled time
-(jaxdl.engines.split.SplitWorker)."""
+"""Those that the real engines (mesh, ray) emulate for every algorithm they
+run: each worker sleeps until its batch has taken the simulator's modelled
+time, if its compute took less (jaxdl.engines.split.SplitWorker,
+jaxdl.engines.ray_actors)."""
+
+
+def _check_unemulated(config: RunConfig, engine: str) -> None:
+  """On a real engine without --compute-time, the workers run at their own
+  speed: the settings that vary an emulated batch time are refused, and so
+  are --worker-speeds that would not even split the batch (--batch-sizes)."""
+  for field in ("jitter", "straggler_prob", "straggler_slowdown"):
+    if getattr(config.cluster, field) != getattr(ClusterConfig, field):
+      raise ConfigError(field, getattr(config.cluster, field),
+                        f"its default ({getattr(ClusterConfig, field)!r}) with --engine "
+                        f"{engine} unless --compute-time is set (the emulated batch time it "
+                        "varies)")
+  speeds = config.cluster.worker_speeds
+  if speeds is not None and config.data.batch_sizes is not None:
+    raise ConfigError("worker_speeds", speeds, f"unset with --batch-sizes on --engine {engine} "
+                      "unless --compute-time is set: real workers run at their own speed, "
+                      "which the speeds slow to an emulated compute time (without "
+                      "--batch-sizes they split the global batch)")
 
 
 def split_workers(config: RunConfig) -> bool:
@@ -551,24 +571,16 @@ def resolve(config: RunConfig):
                       "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
   # a synchronous algorithm's workers may run programs of their own (jaxdl.engines.split)
   own_programs = engine in EMULATING_ENGINES and spec.shape is Collective
-  emulated = EMULATED if own_programs else ()
+  emulated = EMULATED if engine in EMULATING_ENGINES else ()  # every algorithm's workers
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
       if value != default and field not in emulated:
-        also = (f", which --engine {engine} emulates only for a synchronous algorithm (sgd, "
-                "bsp, ar_sgd, local_sgd, diloco)"
-                if field in EMULATED and engine in EMULATING_ENGINES else "")
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
-                          f"(--engine sim), which a run on real devices does not have{also}")
+                          "(--engine sim), which a run on real devices does not have")
   if emulated and config.cluster.compute_time is None:
-    for field in ("jitter", "straggler_prob", "straggler_slowdown"):
-      if getattr(config.cluster, field) != getattr(ClusterConfig, field):
-        raise ConfigError(field, getattr(config.cluster, field),
-                          f"its default ({getattr(ClusterConfig, field)!r}) with --engine "
-                          f"{engine} unless --compute-time is set (the emulated batch time it "
-                          "varies)")
+    _check_unemulated(config, engine)
   if config.cluster.partition != "static":
     if spec.shape is not Collective:
       raise ConfigError("partition", config.cluster.partition,

@@ -463,8 +463,11 @@ class Report:
   def write(self) -> Path:
     """Writes report.md and the PNG plots into the directory; returns report.md."""
     written = write_all(self, self.directory)
+    engines = list(dict.fromkeys(c.summary["engine"] for c in self.train + self.timing
+                                 if "engine" in c.summary))
+    on = f", on the {' and '.join(engines)} engine{'s' * (len(engines) > 1)}" if engines else ""
     intro = (f"# Comparison: {self.directory.name}\n\n"
-             f"{len(self.train)} training runs, {len(self.timing)} timing runs. Time is "
+             f"{len(self.train)} training runs, {len(self.timing)} timing runs{on}. Time is "
              f"simulated time for sim runs, wall time otherwise. Metric: {self.label}. "
              "Degradation = (error − one-worker SGD's error) / SGD's error; speedup = "
              f"samples/s over one-worker SGD's on the same network; target {self.label} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import jax
@@ -82,6 +83,18 @@ def process_identity(role: str) -> dict[str, Any]:
   and the cores it may run on (None where the system does not say)."""
   cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
   return {"role": role, "pid": os.getpid(), "host": socket.gethostname(), "cores": cores}
+
+
+def slowed(computed: float, modelled: float | None) -> float:
+  """The seconds of a batch whose compute took `computed` seconds on a
+  worker that emulates a slower device (--compute-time on a real engine):
+  the simulator's cost model says `modelled` (None: not emulated). If the
+  compute took less, it sleeps the rest, so that the worker is as late as
+  the modelled device would be. Returns the longer of the two."""
+  if modelled is not None and modelled > computed:
+    time.sleep(modelled - computed)
+    return modelled
+  return computed
 
 
 class LocalProcess:

@@ -17,6 +17,12 @@ while each shard applies its own leaves of every push. A `Coordinator`
 (with `Peer`) serves workers that keep their own models: EASGD, GoSGD,
 AD-PSGD.
 
+With --compute-time every worker emulates a device of the simulator's cost
+model: it sleeps until each iteration's compute has taken the modelled time
+(`jaxdl.cluster.CostModel.compute_time(worker, iteration)`: --worker-speeds,
+--jitter, stragglers; the sim engine's draws), if its real compute took
+less. The trace's compute durations are those padded times.
+
 A worker whose process dies is restarted by Ray. A parameter server's
 worker pulls again at its clock (its in-flight iteration is dropped). A
 worker that kept its own model rejoins with a copy of another worker's
@@ -37,8 +43,9 @@ import jax
 import numpy as np
 
 from jaxdl.algorithms import Elastic, Gossip
-from jaxdl.engines.base import process_identity
+from jaxdl.engines.base import process_identity, slowed
 from jaxdl.engines.events import EventPrograms, initial_state, one_batch, stack, take
+from jaxdl.engines.sim import cost_model
 from jaxdl.engines.split import SplitWorker
 from jaxdl.trace import Event
 
@@ -46,6 +53,21 @@ from jaxdl.trace import Event
 def _built(config, task):
   from jaxdl.build import prepare  # heavy: only in the actors' processes
   return prepare(config, task=task)
+
+
+def _emulated(config, built):
+  """The cost model whose compute times a worker emulates (--compute-time),
+  or None: it runs at its own speed."""
+  if config.cluster.compute_time is None:
+    return None
+  return cost_model(config, built.problem, built.streams)
+
+
+def _padded(cost, w: int, c: int, started: float) -> float:
+  """Seconds of worker w's compute for its iteration c, begun at `started`
+  (time.perf_counter()), padded to the simulator's compute_time(w, c) (its
+  speed, jitter and stragglers: the same draws) if `cost` is not None."""
+  return slowed(time.perf_counter() - started, None if cost is None else cost.compute_time(w, c))
 
 
 def _cpu_seconds() -> tuple[float, float | None]:
@@ -317,8 +339,8 @@ class Server(_Ledger):
 
 
 class Worker:
-  """A worker: pulls, computes on what it pulled, pushes; until the server
-  says the run is over."""
+  """A worker: pulls, computes on what it pulled (padded to the modelled
+  time, with --compute-time), pushes; until the server says the run is over."""
 
   def __init__(self, config, task, worker: int, server: str):
     import ray
@@ -328,6 +350,7 @@ class Worker:
     # given an actor handle (it keeps such arguments in the object store)
     self.w, self.server, self.streams = worker, ray.get_actor(server), built.streams
     self.programs = EventPrograms(built.algorithm, built.streams, config.cluster.servers)
+    self.cost = _emulated(config, built)
     self.template = None  # set by warm_up
 
   def identity(self) -> dict[str, Any]:
@@ -355,7 +378,7 @@ class Worker:
       t = time.perf_counter()
       state, shares = self.programs.compute(pulled, one_batch(self.streams, self.w, c))
       leaves = jax.block_until_ready(jax.tree.leaves(state))
-      compute = time.perf_counter() - t
+      compute = _padded(self.cost, self.w, c, t)
       t = time.perf_counter()
       reply = self._push(c, jax.device_get([leaves[i] for i in self.changes]), compute,
                          transfer, self.programs.means(self.w, jax.device_get(shares)),
@@ -718,7 +741,9 @@ class Coordinator(_Ledger):
 class Peer:
   """A worker that keeps its own model (easgd, gosgd, ad_psgd): a threaded
   actor, its own loop in one thread while peers' messages and averages
-  arrive in others; a lock makes each event on its model whole."""
+  arrive in others; a lock makes each event on its model whole. A
+  gradient's compute, padded to the modelled time with --compute-time,
+  holds the lock as a slow device's would."""
 
   def __init__(self, config, task, worker: int, coordinator: str):
     import ray
@@ -728,6 +753,7 @@ class Peer:
     self.w, self.coordinator, self.streams = worker, ray.get_actor(coordinator), built.streams
     self.algorithm, self.seed = built.algorithm, config.train.seed
     self.programs = EventPrograms(built.algorithm, built.streams)
+    self.cost = _emulated(config, built)
     self.lock = threading.Lock()
     self.state, self.incarnation = None, 0  # no model until `run` gives it one
 
@@ -805,7 +831,7 @@ class Peer:
       p, start = self.programs, time.perf_counter()
       new, shares = jax.block_until_ready(p.local(self.state, one_batch(self.streams, self.w, c)))
       if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares)),
-                       seconds=time.perf_counter() - start):
+                       seconds=_padded(self.cost, self.w, c, start)):
         return False
       self.state = new
       return True
@@ -888,7 +914,7 @@ class Peer:
         new, shares = jax.block_until_ready(
             p.compute(p.pull((), self.state, none), one_batch(self.streams, self.w, c)))
         if not self._ask(self.w, "pull", c, metrics=p.means(self.w, jax.device_get(shares)),
-                         seconds=time.perf_counter() - start):
+                         seconds=_padded(self.cost, self.w, c, start)):
           return
         self.state = new
       if len(peers) > 1:  # a uniformly random other worker, the same in every run

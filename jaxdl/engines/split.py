@@ -78,10 +78,7 @@ class SplitWorker:
 
   def _slowed(self) -> None:
     """Counts the compute since `mark`; sleeps what is left of the modelled time."""
-    self.computed += time.perf_counter() - self.mark
-    if self.target is not None and self.target > self.computed:
-      time.sleep(self.target - self.computed)
-      self.computed = self.target
+    self.computed = base.slowed(self.computed + time.perf_counter() - self.mark, self.target)
     self.target = None
 
   def collective(self, op: str, key: tuple, worker: int, leaves: list):
