@@ -86,7 +86,7 @@ def _check_token(address: str) -> None:
   fd, log = tempfile.mkstemp(prefix="jaxdl-ray-", suffix=".log")
   with os.fdopen(fd, "w") as stream:
     try:
-      code = subprocess.run([sys.executable, "-I", ray_sidecar.__file__, "probe", address],
+      code = subprocess.run([sys.executable, "-P", ray_sidecar.__file__, "probe", address],
                             stdin=subprocess.DEVNULL, stdout=stream, stderr=stream,
                             timeout=PROBE_TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
@@ -102,8 +102,9 @@ def _check_token(address: str) -> None:
   elif code == ray_sidecar.REFUSED:
     why = f"the cluster refused the token {_token_source()}"
   else:
-    raise ConfigError("ray_address", address, f"{ADDRESS_HELP}; what answers there is not "
-                      f"one (Ray's messages: {log})")
+    what = "is not one" if code == ray_sidecar.NOT_RAY else f"could not be asked (code {code})"
+    raise ConfigError("ray_address", address,
+                      f"{ADDRESS_HELP}; what answers there {what} (Ray's messages: {log})")
   raise ConfigError("ray_address", address,
                     f"a Ray cluster that takes this machine's token: {why}; give it "
                     f"{TOKEN_HELP} (Ray's messages: {log})")
@@ -132,7 +133,7 @@ class Watchdog:
     if os.path.isdir("/proc"):
       # its own session: a Ctrl-C at the terminal does not reach it
       self.process = subprocess.Popen(
-          [sys.executable, "-I", ray_sidecar.__file__, "watch", str(os.getpid())],
+          [sys.executable, "-P", ray_sidecar.__file__, "watch", str(os.getpid())],
           stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
 
   def started(self) -> None:

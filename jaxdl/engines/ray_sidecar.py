@@ -1,9 +1,9 @@
 """The small processes a ray run's driver starts beside Ray: the probe of a
 cluster's address and token, and the watchdog of a local instance.
 
-Each runs by path (``python -I ray_sidecar.py probe ADDRESS`` or ``watch
+Each runs by path (``python -P ray_sidecar.py probe ADDRESS`` or ``watch
 DRIVER_PID``), not as part of the jaxdl package: it imports the standard
-library alone (the probe, Ray's client), and starts in a fraction of a
+library alone (the probe, Ray's client too), and starts in a fraction of a
 second. The driver's side is `jaxdl.engines.ray_cluster`.
 """
 from __future__ import annotations
