@@ -267,6 +267,7 @@ def test_the_watchdog_kills_what_ray_started_and_nothing_else(ending):
   finally:
     driver.kill()
     _kill([psutil.Process(p) for p in pids if psutil.pid_exists(p)])
+    driver.communicate()  # its pipe closed (once its children, which share it, are gone)
 
 
 def test_no_process_of_a_killed_drivers_ray_instance_outlives_it_by_10_s(tmp_path):
@@ -295,3 +296,4 @@ def test_no_process_of_a_killed_drivers_ray_instance_outlives_it_by_10_s(tmp_pat
   finally:
     run.kill()
     _kill(session)
+    run.communicate()  # its pipe closed (once its children, which share it, are gone)
