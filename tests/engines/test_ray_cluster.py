@@ -81,7 +81,8 @@ def _env(**settings: str | None) -> dict[str, str]:
 def _readme_cluster_commands() -> list[str]:
   """The lines of the README's bash block that starts a cluster."""
   text = README.read_text()
-  block = re.search(r"```bash\n(.*?ray start --head.*?)```", text, re.S).group(1)
+  blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+  [block] = [b for b in blocks if "ray start --head" in b]
   return [line for line in block.splitlines() if line and not line.startswith("#")]
 
 
