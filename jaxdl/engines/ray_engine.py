@@ -14,16 +14,16 @@ shares of the batch differ in time (--partition proportional or adaptive,
 --compute-time), M processes that each run the algorithm's step on their
 own share, their collectives meeting at one actor (`RaySplit`).
 
-A local Ray instance listens on the loopback address only and starts no
-dashboard; `--ray-address HOST:PORT` joins a running cluster instead, with
-Ray's token authentication as that cluster has it (RAY_AUTH_TOKEN).
+A local Ray instance listens on the loopback address only, starts no
+dashboard, and its processes end with the driver's however it ends;
+`--ray-address HOST:PORT` joins a running cluster instead, with Ray's token
+authentication on (`jaxdl.engines.ray_cluster`).
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
 import os
-import socket
 import time
 import uuid
 import warnings
@@ -38,7 +38,7 @@ from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, G
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
-from jaxdl.engines import base
+from jaxdl.engines import base, ray_cluster
 from jaxdl.engines.events import state_shapes, take
 from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
                                      ShardedWorker, SplitProcess, Worker)
@@ -54,8 +54,6 @@ where it reads the state): a call per step took about a third of a core."""
 RESTART_TIMEOUT_S = 120.0
 """Seconds a restarting worker may take to start again."""
 
-ADDRESS_HELP = "the address HOST:PORT of a running Ray cluster (`ray start --head`)"
-
 INLINE_BYTES = 1 << 20
 """A local instance sends a message of up to this many bytes inside the call
 (a small model's parameters), not through its shared-memory object store:
@@ -67,11 +65,12 @@ node address is then the loopback address), on Linux too."""
 
 
 def connect(address: str | None) -> bool:
-  """Connects this process to Ray: the cluster at `address`, or a new local
-  instance on the loopback address. True if this call started Ray (the
-  engine then shuts it down)."""
+  """Connects this process to Ray: the cluster at `address` (with Ray's
+  token authentication on unless RAY_AUTH_MODE says otherwise), or a new
+  local instance on the loopback address, whose processes end with this
+  one. True if this call started Ray (the engine then shuts it down)."""
   if address is not None:
-    _check_reachable(address)
+    ray_cluster.check_address(address)
   loopback = address is None or address.rpartition(":")[0] in ("localhost", "127.0.0.1")
   if loopback:  # Ray would otherwise resolve the loopback address to the host's
     os.environ.setdefault(LOOPBACK_ONLY, "0")
@@ -82,6 +81,7 @@ def connect(address: str | None) -> bool:
   if loopback:
     from ray._private import ray_constants  # read when ray is imported: set it again
     ray_constants.ENABLE_RAY_CLUSTER = os.environ[LOOPBACK_ONLY] not in ("0", "false")
+  watchdog = ray_cluster.Watchdog() if address is None else None
   try:
     with warnings.catch_warnings():
       # Ray starts its processes with subprocess (fork, then exec at once):
@@ -92,22 +92,21 @@ def connect(address: str | None) -> bool:
       ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
                log_to_driver=True, **local)
   except (ConnectionError, RuntimeError, ValueError) as e:
+    if watchdog is not None:
+      watchdog.stop()
     raise ConfigError("ray_address", address,
-                      f"{ADDRESS_HELP}, or unset for a local one ({e})") from None
+                      f"{ray_cluster.ADDRESS_HELP}, or unset for a local one ({e})") from None
+  if watchdog is not None:
+    watchdog.started()
   return True
 
 
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
-  """A ConfigError unless something listens at HOST:PORT (Ray itself would
-  retry for minutes)."""
-  host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise ConfigError("ray_address", address, ADDRESS_HELP)
-  try:
-    socket.create_connection((host, int(port)), timeout=timeout).close()
-  except OSError as e:
-    raise ConfigError("ray_address", address,
-                      f"{ADDRESS_HELP}; nothing answers there ({e})") from None
+def shutdown() -> None:
+  """Shuts down Ray in this process (a local instance: every process of it)."""
+  import ray
+  ray.shutdown()
+  if ray_cluster.Watchdog.active is not None:
+    ray_cluster.Watchdog.active.stop()
 
 
 def _by_value(task) -> None:
@@ -157,7 +156,7 @@ class _RayRun(base.LocalProcess):
         ray.kill(actor)
     self.server, self.workers, self.shards = None, None, []
     if self.started and ray.is_initialized():
-      ray.shutdown()
+      shutdown()
 
 
 class RayEngine(_RayRun):
