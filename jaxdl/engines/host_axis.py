@@ -122,8 +122,8 @@ def share(op: str, result: list, worker: int, size: int) -> list[np.ndarray]:
 
 def unmet(op: str, worker: int, size: int, leaves: Sequence[np.ndarray]) -> list[np.ndarray]:
   """What a collective gives `worker` as if all `size` workers had brought
-  its `leaves`: the answer of a step run by one worker alone (a warm-up,
-  whose result is dropped), shaped as the exchange's."""
+  its `leaves`: the answer of a step run by one worker alone (its untimed
+  first run, whose result is dropped), shaped as the exchange's."""
   parts = [[np.asarray(x) for x in leaves]] * size
   return share(op, parts if op == "all_gather" else summed(parts, "host"), worker, size)
 

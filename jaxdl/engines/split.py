@@ -75,9 +75,9 @@ class SplitWorker:
     self.compiled: dict[int, Any] = {}  # padded batch size -> its compiled step
     self.mark = self.computed = self.compiling = 0.0
     self.target: float | None = None  # the modelled seconds of this step's batch, until slept
-    self.alone = False  # in a warm-up run: collectives answered here (`ready`)
-    self.warm_ups = 0  # warm-up runs so far: one per compiled step
-    # each field's example shape and dtype, for a warm-up's batch of zeros
+    self.alone = False  # in a step's untimed first run: collectives answered here (`ready`)
+    self.first_runs = 0  # untimed first runs so far: one per compiled step
+    # each field's example shape and dtype, for a first run's batch of zeros
     self.fields = {k: (v.shape[1:], v.dtype) for k, v in streams.example.items()}
 
   def _slowed(self) -> None:
@@ -90,7 +90,7 @@ class SplitWorker:
 
   def collective(self, op: str, key: tuple, worker: int, leaves: list):
     """A collective of this worker's step (from its host callback): at the
-    exchange; in a warm-up run, answered here (`unmet`)."""
+    exchange; in its untimed first run, answered here (`unmet`)."""
     if self.alone:
       return unmet(op, worker, self.m, leaves)
     self._slowed()
@@ -144,7 +144,7 @@ class SplitWorker:
       jax.block_until_ready(compiled(self.state, batch, np.int32(t)))
     finally:
       self.alone = False
-    self.compiled[padded], self.warm_ups = compiled, self.warm_ups + 1
+    self.compiled[padded], self.first_runs = compiled, self.first_runs + 1
     return time.perf_counter() - start
 
   def step(self, t: int, batch=None) -> tuple[dict, float, float]:
@@ -172,9 +172,9 @@ class SplitWorker:
     """Seconds it spent compiling its steps (one per padded batch size)."""
     return self.compiling
 
-  def warm_up_runs(self) -> int:
+  def untimed_runs(self) -> int:
     """Its runs left out of its batch times: one per compiled step (`ready`)."""
-    return self.warm_ups
+    return self.first_runs
 
   def get_state(self):
     return jax.device_get(self.state)
@@ -230,7 +230,7 @@ class SplitRun:
       self.begun = True
       if step:  # from a checkpoint's state; the policy starts again from the static split
         self._all("begin", state)
-      self._all("ready", step)  # all compiled and warmed up before any is timed
+      self._all("ready", step)  # all compiled and run once before any is timed
     begin = time.perf_counter() if self.ended is None else self.ended
     replies = self._step_all(step)
     # The step's time, less the longest readying in it (none: the steps are
@@ -253,7 +253,7 @@ class SplitRun:
       self.events.append(trace.Event(self.clock, "partition", -1, iteration=step + 1,
                                      sizes=sizes))
       self._all("repartition", self.changes)
-      self._all("ready", step + 1)  # a new size: compiled and warmed up, untimed
+      self._all("ready", step + 1)  # a new size: compiled and run once, untimed
     metrics = {k: sum(float(r[0][k]) for r in replies) for k in replies[0][0]}
     return (self._state() if self.cadence.observes(step + 1) else state), metrics
 
@@ -273,8 +273,8 @@ class SplitRun:
             # (outside its batch times; the others wait for it at the exchange)
             "compile_s_per_worker": self._all("compile_seconds"),
             # each worker's runs left out of its batch times: a compiled
-            # step's first, a warm-up before the step it is for (`SplitWorker.ready`)
-            "warm_up_runs_per_worker": self._all("warm_up_runs")}
+            # step's first, run before the step it is for (`SplitWorker.ready`)
+            "untimed_runs_per_worker": self._all("untimed_runs")}
 
   def report(self, state) -> dict[str, float]:
     return {}

@@ -273,7 +273,7 @@ def test_heterogeneous_workers_are_slowed_and_the_batch_split_by_measured_times(
 def test_measured_splits_on_processes_hold_in_each_of_5_runs(ray_instance, tmp_path):
   """Three worker processes of speeds 1:3:3 made real (--compute-time 0.3),
   B = 96: proportional's split, from steady batch times (each compiled
-  step's first run a warm-up before the step), is within 5% of (1:3:3) x 96
+  step's first run untimed, before the step), is within 5% of (1:3:3) x 96
   in each of 5 runs (tests/engines/test_split.py: near_speeds); adaptive's
   workers idle no more than proportional's in any of them; and each run's
   summary has its workers' waits, its clock and its bytes, the simulator's
@@ -286,7 +286,7 @@ def test_measured_splits_on_processes_hold_in_each_of_5_runs(ray_instance, tmp_p
     events = list(trace.read_trace(tmp_path / str(run) / "trace.jsonl"))
     splits = [e.sizes for e in events if e.kind == "partition"]
     assert len(splits) == 1 and near_speeds(splits[0]), (run, splits)
-    assert summary["warm_up_runs_per_worker"] == [2, 2, 2]
+    assert summary["untimed_runs_per_worker"] == [2, 2, 2]
     assert summary["bytes_total"] == sim["bytes_total"] > 0
     assert summary["trace_time_s"] == events[-1].time and len(summary["wait_s"]) == 3
     idle.append(summary["idle_fraction"])

@@ -111,7 +111,7 @@ def measured_run(monkeypatch=None, **settings):
 def test_a_proportional_split_of_measured_speeds_holds_in_each_of_5_runs(monkeypatch, run):
   """The batch times a split is made from are steady ones: a compiled
   step's first run (here made 0.3 s slower than a steady one, on top of
-  its own cost) is a warm-up before the step, never a batch time; so the
+  its own cost) is run untimed before the step, never a batch time; so the
   split of speeds 1:3:3 is within 5% of (1:3:3) x 96 in each of 5 runs
   (about (14, 41, 41)), and every batch time is within 0.1 s of its
   modelled time. (Timed with the first runs, the fast workers' first batch
@@ -123,8 +123,8 @@ def test_a_proportional_split_of_measured_speeds_holds_in_each_of_5_runs(monkeyp
   engine, figures = measured_run(monkeypatch)
   assert [step for step, _ in engine.changes] == [2], engine.changes
   assert near_speeds(engine.changes[0][1]), engine.changes
-  # one warm-up run a compiled step: batch size 32, then 16 (slow) or 48 (fast)
-  assert figures["warm_up_runs_per_worker"] == [2, 2, 2]
+  # one untimed run a compiled step: batch size 32, then 16 (slow) or 48 (fast)
+  assert figures["untimed_runs_per_worker"] == [2, 2, 2]
   for w, worker in enumerate(engine.workers):
     modelled = [worker.cost.compute_time(w, t) * engine.streams.size(w, t) / 32
                 for t in range(4)]
