@@ -987,8 +987,12 @@ class Process:
     self.engine = MeshEngine(built.algorithm, built.problem, built.streams, self.config)
 
   def init(self, key_data: np.ndarray) -> None:
-    """The state at step 0, from the run's key (compiles the step too)."""
+    """The state at step 0, from the run's key; and the step compiled and run
+    once on a copy of it, its result dropped (with the others: it is a
+    collective), so that no step's time holds its compile or its first run,
+    which is not a steady one."""
     self.state = self.engine.init(jax.random.wrap_key_data(np.asarray(key_data)))
+    jax.block_until_ready(self.engine.step(jax.tree.map(lambda x: x.copy(), self.state), 0))
 
   def begin(self, state) -> None:
     """Continues from a checkpoint's state (host arrays)."""
@@ -997,12 +1001,14 @@ class Process:
     self.state = jax.tree.map(put, state, shardings)
 
   def step(self, step: int, gather: bool):
-    """Takes step `step` with the others: (metrics, the state as host arrays
-    if `gather`) on process 0 (gathering is a collective: all take part)."""
+    """Takes step `step` with the others: (its seconds from this call to the
+    step's end; on process 0, the metrics and the state as host arrays if
+    `gather`: gathering is a collective, all take part)."""
     from jaxdl.distributed import host_copy
+    start = time.perf_counter()
     self.state, metrics = self.engine.step(self.state, step)
     metrics, state = host_copy((metrics, self.state if gather else None))
-    return (metrics, state) if self.index == 0 else None
+    return time.perf_counter() - start, (metrics, state) if self.index == 0 else None
 
   def state(self):
     """The state as host arrays, on process 0 (a collective: all take part)."""

@@ -341,7 +341,16 @@ class RayCollective(_RayRun):
   jax.distributed joins, one device and one worker each (`ray_actors.Process`):
   each runs the mesh engine's step, the algorithm's collectives across the
   processes (gloo on CPUs). The driver steps them together and gathers the
-  state at the steps the runner reads."""
+  state at the steps the runner reads.
+
+  The trace's clock is the steps' seconds (from the driver's call to the
+  last reply; its compile and first run are before it, evaluations between
+  steps outside it). The step is one program across the processes, which
+  end it together: a worker's "wait" is its seconds in the step beyond the
+  quickest process's, the time it waited for the last to begin the step.
+  (A process slower inside the program holds the others at its collectives
+  unseen: timing a worker's compute apart from them takes a program of its
+  own, `RaySplit`.)"""
   shapes = (Collective,)
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
@@ -356,9 +365,10 @@ class RayCollective(_RayRun):
     ray.get([p.join.remote(address, config.distributed.coordinator_timeout)
              for p in self.workers])
     self.cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+    self.total_steps = total_steps
     self.layout = MeshEngine(algorithm, problem, streams, config)  # rows, evaluation
     self.events: list[trace.Event] = []
-    self.begun = False
+    self.begun, self.clock = False, 0.0  # the steps' seconds so far
 
   def _on_all(self, method: str, *args):
     """Calls `method` on every process (together: it may be a collective);
@@ -366,28 +376,34 @@ class RayCollective(_RayRun):
     return self._ray.get([getattr(p, method).remote(*args) for p in self.workers])[0]
 
   def init(self, key: jax.Array):
-    """The state at step 0 (every process has compiled its step)."""
+    """The state at step 0 (every process has compiled its step and run it once)."""
     self._on_all("init", np.asarray(jax.random.key_data(key)))
     return self._on_all("state")
 
   def step(self, state, step: int):
     if not self.begun:
-      self.start, self.begun = time.perf_counter(), True
+      self.begun = True
       if step:  # from a checkpoint's state
         self._on_all("begin", state)
-    self.events.append(trace.Event(time.perf_counter() - self.start, "step", -1, step))
     # The state at a step whose end the runner does not read is not gathered.
     gather = self.cadence.observes(step + 1)
-    metrics, new = self._on_all("step", step, gather)
+    begin = time.perf_counter()
+    replies = self._ray.get([p.step.remote(step, gather) for p in self.workers])
+    self.clock += time.perf_counter() - begin
+    seconds = [r[0] for r in replies]
+    self.events += base.synchronous_events(self.clock, step, [s - min(seconds) for s in seconds])
+    metrics, new = replies[0][1]
     return new if gather else state, metrics
 
   def trace(self) -> list[trace.Event]:
     return self.events
 
   def figures(self) -> dict[str, Any]:
-    return base.figures(self.name, self.algorithm, self.problem, self.streams,
-                        devices=self.num_workers, workers_per_device=1,
-                        processes=self.num_workers + 1)  # and the driver
+    return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
+                           devices=self.num_workers, workers_per_device=1,
+                           processes=self.num_workers + 1),  # and the driver
+            **base.synchronous_figures(self.algorithm, self.problem, self.num_workers,
+                                       self.events, self.total_steps)}
 
   def report(self, state) -> dict[str, float]:
     return {}
