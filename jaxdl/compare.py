@@ -29,13 +29,14 @@ import signal
 import sys
 import time
 import traceback
+import typing
 from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
 from jaxdl.cluster import is_profile
 from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
-                          RunConfig)
+                          RunConfig, check_integers)
 from jaxdl.errors import ConfigError, flag
 from jaxdl.shutdown import exit_within
 
@@ -242,7 +243,7 @@ _LOADED: dict[str, Grid] = {}
 
 def named_grid(args: CompareArgs) -> Grid:
   """The grid that --grid or --experiment names."""
-  if args.experiment:
+  if args.experiment is not None:
     if args.grid != CompareArgs.grid:
       raise ConfigError("grid", args.grid, f"its default ({CompareArgs.grid}) with "
                         "--experiment, which gives the grid")
@@ -255,7 +256,7 @@ def named_grid(args: CompareArgs) -> Grid:
 def load_experiment(path: str) -> Grid:
   """The `GRID` that a Python file (e.g. experiments/ipdps21.py) defines; a
   file is run once per process (what it registers is registered once)."""
-  key = str(Path(path).resolve())
+  key = str(rundir.check_path("experiment", path).resolve())
   if key in _LOADED:
     return _LOADED[key]
   if not Path(path).is_file():
@@ -309,7 +310,7 @@ class CompareArgs:
   algorithms: tuple[str, ...] | None = None
   """Variants, e.g. sgd bsp asp ssp_s3 easgd_tau8 gosgd_p0.1 ad_psgd (asp_abn: asp with --async-bn); a bare ssp, easgd, local_sgd or gosgd takes the values of the lists below."""
   workers: tuple[int, ...] | None = None
-  """Worker counts (sgd, the one-worker baseline, runs at 1 only)."""
+  """Worker counts (sgd, the one-worker baseline, runs at 1 only: a grid of sgd alone needs 1 among them)."""
   staleness_bounds: tuple[int, ...] | None = None
   """ssp variants, one per bound s."""
   communication_periods: tuple[int, ...] | None = None
@@ -361,6 +362,10 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   for field, value in run_flags.items():
     if field in PER_CELL:
       raise ConfigError(field, value, f"set per cell by jaxdl compare; {_per_cell(field)}")
+  check_integers(dataclasses.asdict(args), typing.get_type_hints(CompareArgs))
+  for field in ("algorithms", "workers", "networks"):
+    if getattr(args, field) == ():
+      raise ConfigError(field, (), "one value or more")
   if args.algorithms is not None:
     grid = grid.replace(variants=tuple(Variant.parse(s) for s in args.algorithms))
   shared = section_fields(tuple(run_flags.items()))
@@ -370,13 +375,14 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
       raise ConfigError(field, value, "a setting of an algorithm in the grid ("
                         f"{', '.join(dict.fromkeys(v.algorithm for v in grid.variants))})")
   if args.workers is not None:
-    if not args.workers or min(args.workers) < 1:
+    if min(args.workers) < 1:
       raise ConfigError("workers", args.workers, "worker counts >= 1")
     grid = grid.replace(workers=tuple(args.workers))
-  for field, values in (("staleness_bound", args.staleness_bounds),
-                        ("communication_period", args.communication_periods),
-                        ("gossip_probability", args.gossip_probabilities)):
-    if values:
+  _check_one_worker(grid)
+  for field, plural in _LIST_FLAGS.items():
+    values = getattr(args, plural)
+    if values is not None:
+      _check_setting_list(grid, field, plural, values)
       grid = grid.with_setting(field, values)
   if args.networks is not None:
     grid = grid.replace(networks=tuple(args.networks))
@@ -405,6 +411,29 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run
                                   if k not in SIMULATED_ONLY or k in run_flags or k in emulated))
   return grid
+
+
+def _check_one_worker(grid: Grid) -> None:
+  """Refuses a grid of one-worker baselines alone (sgd) at worker counts
+  without 1: its cells would run at 1 worker, none at the counts asked for."""
+  if all(_one_worker(v.algorithm) for v in grid.variants) and 1 not in grid.workers:
+    names = ", ".join(dict.fromkeys(v.algorithm for v in grid.variants))
+    raise ConfigError("workers", grid.workers, f"1 for a grid of {names} alone: the one-worker "
+                      "baseline runs at 1 worker only (add a distributed algorithm, e.g. "
+                      "ar_sgd or asp, to train at more)")
+
+
+def _check_setting_list(grid: Grid, field: str, plural: str, values: tuple) -> None:
+  """Refuses an empty list of a setting's values, or one for a grid in
+  which no algorithm has the setting (it would be ignored)."""
+  from jaxdl.algorithms import settings_owners
+  if not values:
+    raise ConfigError(plural, values, "one value or more")
+  if not any(_has_setting(v.algorithm, field) for v in grid.variants):
+    owners = ", ".join(s.name for s in settings_owners()[field])
+    grid_names = ", ".join(dict.fromkeys(v.algorithm for v in grid.variants))
+    raise ConfigError(plural, values, f"left unset: no algorithm in the grid ({grid_names}) "
+                      f"has {flag(field)} ({owners} do)")
 
 
 def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[str, str]:
@@ -597,7 +626,7 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   """Runs the grid's unfinished cells into `out`; returns cells.json's content.
   `experiment`: the file that defines the grid, loaded in each cell's process.
   `args`: the command line's, which makes any bad cell an error (check_cells)."""
-  out = Path(out)
+  out = rundir.check_path("out", str(out))
   check_out(out)
   cells = grid.cells()
   invalid = check_cells(grid, out, args)  # a bad shared setting fails here, before any write

@@ -60,9 +60,9 @@ class OptimConfig:
   optimizer: str | None = None
   """Any optax optimizer by name: see `jaxdl list` (unset: sgd, or the algorithm's own recipe that `jaxdl list` states, e.g. diloco's adamw; a recipe's lr and weight decay hold for its optimizer only)."""
   lr: float | None = None
-  """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M)."""
+  """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M; config.json records the value chosen, which a rerun from it chooses anew for its own M)."""
   momentum: float | None = None
-  """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states); other optimizers take theirs through --opt-args."""
+  """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states, recorded in config.json as --lr's is); other optimizers take theirs through --opt-args."""
   nesterov: bool = False
   """Nesterov momentum for sgd."""
   weight_decay: float | None = None
@@ -278,12 +278,17 @@ class RunConfig:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-    """Inverse of `to_dict`; accepts a nested or a flat dict. In a nested dict
-    written before settings had their own entry, the settings of algorithms
-    other than the one named are dropped."""
+    """Inverse of `to_dict` (and of `recorded`); accepts a nested or a flat
+    dict. In a nested dict written before settings had their own entry, the
+    settings of algorithms other than the one named are dropped. A field
+    that DEFAULTS_APPLIED records, still at the value recorded, is unset."""
     if not isinstance(d, dict):
       raise ConfigError("config", type(d).__name__, "a JSON object of config fields")
-    d = {k: v for k, v in d.items() if k != ENVIRONMENT}  # what it ran on, not a setting
+    applied = d.get(DEFAULTS_APPLIED) or {}
+    if not isinstance(applied, dict):
+      raise ConfigError("config", applied, f"{DEFAULTS_APPLIED}: a JSON object of "
+                        "fields and values")
+    d = {k: v for k, v in d.items() if k not in FILE_RECORDS}  # records, not settings
     legacy = False
     if d and all(isinstance(v, dict) for v in d.values()):
       section = d.get("algorithm", {})
@@ -295,16 +300,24 @@ class RunConfig:
       owner = _field_owner()
       fields = _setting_fields(d.get("algorithm", "sgd"))
       d = {k: v for k, v in d.items() if k in owner or k in fields}
+    d = {k: None if k in applied and applied[k] == v else v for k, v in d.items()}
     _check_types(d)
     return cls.make(**d)
 
   @classmethod
   def load(cls, path: str) -> RunConfig:
+    """The config of a config.json; refused if unreadable, or if it sets no
+    field (an empty object, likely not the file meant, would run the defaults)."""
     try:
       with open(path) as f:
-        return cls.from_dict(json.load(f))
+        d = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
       raise ConfigError("config", path, f"a readable config.json ({e})") from None
+    config = cls.from_dict(d)
+    if not any(v != {} for k, v in d.items() if k not in FILE_RECORDS):
+      raise ConfigError("config", path, "a config.json that sets at least one field "
+                        "(this one is an empty object)")
+    return config
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -360,13 +373,17 @@ def _type_name(hint: Any) -> str:
   return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
+def _settings_types(algorithm: Any) -> dict[str, Any]:
+  """The type of each setting of `algorithm` (none for an unknown one)."""
+  from jaxdl.algorithms import ALGORITHMS
+  if isinstance(algorithm, str) and algorithm in ALGORITHMS:
+    return typing.get_type_hints(ALGORITHMS.get(algorithm).settings)
+  return {}
+
+
 def _check_types(flat: dict[str, Any]) -> None:
   """Refuses a value of the wrong type in a config file, naming its field."""
-  from jaxdl.algorithms import ALGORITHMS
-  hints = _field_types()
-  algorithm = flat.get("algorithm", "sgd")
-  if isinstance(algorithm, str) and algorithm in ALGORITHMS:
-    hints |= typing.get_type_hints(ALGORITHMS.get(algorithm).settings)
+  hints = _field_types() | _settings_types(flat.get("algorithm", "sgd"))
   for field, value in flat.items():
     if field in hints and not _fits(value, hints[field]):
       raise ConfigError(field, value, f"{_type_name(hints[field])} (in the config file)")
@@ -381,6 +398,12 @@ def _setting_fields(algorithm: str) -> set[str]:
 
 # config.json's record of what the run ran on (jaxdl.rundir.environment).
 ENVIRONMENT = "environment"
+DEFAULTS_APPLIED = "defaults_applied"
+"""config.json's record of the values a rule chose for the unset fields of
+the optimizer section (the algorithm's defaults for its M workers, else
+jaxdl.optim's), which the section holds too (`recorded`)."""
+FILE_RECORDS = (ENVIRONMENT, DEFAULTS_APPLIED)
+"""config.json's entries that are records, not fields."""
 
 # Fields that do not change what is computed: a resumed run may differ in them.
 RUN_CONTROL_FIELDS = frozenset(
@@ -388,6 +411,36 @@ RUN_CONTROL_FIELDS = frozenset(
      "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir",
      "coordinator_address", "num_processes", "process_id", "target_accuracy",
      "price_per_device_hour"})
+
+
+INT_LIMIT = 2**31
+"""Every integer field (a count, a period, a bound) is below this in
+magnitude: JAX's integers are int32 (x64 off), in which a step count or a
+worker's index past it would wrap."""
+SEED_LIMIT = 2**32
+"""Seeds are in [0, SEED_LIMIT): jax.random.key keeps a seed's low 32 bits
+(x64 off; 2**32 gives seed 0's key), and numpy's generators take no negative seed."""
+
+
+def _integer(hint: Any) -> bool:
+  """Whether a field of type `hint` holds integers (alone, in a list, or unset)."""
+  return hint is int or any(_integer(a) for a in typing.get_args(hint))
+
+
+def check_integers(values: dict[str, Any], hints: dict[str, Any]) -> None:
+  """Refuses a value of an integer field (`hints`: each field's type) that
+  int32 does not hold; a seed, one outside [0, SEED_LIMIT)."""
+  for field, value in values.items():
+    if not _integer(hints.get(field)):
+      continue
+    if field == "seed":
+      if not (isinstance(value, int) and 0 <= value < SEED_LIMIT):
+        raise ConfigError(field, value, "an integer in [0, 2**32): jax.random.key keeps a "
+                          "seed's low 32 bits")
+    elif any(isinstance(v, int) and abs(v) >= INT_LIMIT
+             for v in (value if isinstance(value, tuple) else (value,))):
+      raise ConfigError(field, value, "an integer below 2**31 in magnitude (JAX's integers "
+                        "are int32)")
 
 
 def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
@@ -451,10 +504,14 @@ def validate(config: RunConfig) -> RunConfig:
   runner (jaxdl.build.resolve_task), not here."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
-  from jaxdl import cluster, data, models, optim
+  from jaxdl import cluster, data, distributed, models, optim, rundir
   from jaxdl.algorithms.compression import parse_compress
 
   c = config.flat()
+  check_integers(c, _field_types() | _settings_types(c["algorithm"]))
+  for field in ("out", "config", "replay", "data_dir"):
+    if c[field] is not None:
+      rundir.check_path(field, c[field])
   for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
     _positive(field, c[field])
   for field in ("steps", "image_size", "lr", "target_accuracy", "price_per_device_hour"):
@@ -484,6 +541,7 @@ def validate(config: RunConfig) -> RunConfig:
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])
   models.check_compute_dtype(c["compute_dtype"], c["model"])
+  distributed.check(config.distributed)
   cluster.parse_bandwidth(c["network"])
   if cluster.is_profile(c["cluster"]):
     cluster.read_profile(c["cluster"])
@@ -492,7 +550,8 @@ def validate(config: RunConfig) -> RunConfig:
   if c["optimizer"] is not None:
     optim.OPTIMIZERS.get(c["optimizer"])  # an unknown name first, whatever the algorithm
   parse_compress(c["compress"])
-  batch_sizes(config)
+  if c["batch_sizes"] is not None or c["worker_speeds"] is not None:
+    batch_sizes(config)  # (equal batches: M of them, once the data has bounded M)
   policy(config)
   resolve(config)
   run_optim(config)  # the optimizer's --opt-args, once the algorithm's recipe is known
@@ -510,6 +569,18 @@ def run_optim(config: RunConfig) -> OptimConfig:
   filled = optim.with_defaults(config.optim, rule)
   optim.parse_opt_args(filled.optimizer, filled.opt_args)
   return filled
+
+
+def recorded(config: RunConfig) -> dict[str, Any]:
+  """config.json's content: `config` with the optimizer section's unset
+  fields filled as the run fills them (run_optim), and DEFAULTS_APPLIED, the
+  values so chosen. Read back (`RunConfig.from_dict`), a field still at its
+  chosen value is unset again: a rerun chooses it anew by the same rule, for
+  its own algorithm and M (the same value where neither changed)."""
+  filled = run_optim(config)
+  chosen = {f.name: getattr(filled, f.name) for f in dataclasses.fields(filled)
+            if getattr(config.optim, f.name) is None and getattr(filled, f.name) is not None}
+  return {**dataclasses.replace(config, optim=filled).to_dict(), DEFAULTS_APPLIED: chosen}
 
 
 def check_target(target: float | None, metric: str = "test_accuracy",
@@ -532,7 +603,9 @@ def policy(config: RunConfig):
   from jaxdl.partition import Policy
 
   c = config.cluster
-  return Policy(c.partition, c.rebalance_every, c.rebalance_window)
+  checked = Policy(c.partition, c.rebalance_every, c.rebalance_window)
+  checked.check_workers(config.algorithm.workers)
+  return checked
 
 
 def resolve(config: RunConfig):

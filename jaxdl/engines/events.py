@@ -21,7 +21,7 @@ from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
-from jaxdl.engines.shards import sharded
+from jaxdl.engines.shards import Partition, sharded
 
 
 def event_functions(algorithm: Shape) -> dict[str, Callable]:
@@ -78,6 +78,14 @@ def state_shapes(algorithm: Shape):
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   return (jax.eval_shape(algorithm.init_server, key) if has_server(algorithm) else (),
           jax.eval_shape(lambda key: algorithm.init(key, jnp.int32(0)), key))
+
+
+def check_servers(algorithm: Shape, servers: int) -> None:
+  """--servers k for a parameter server, refused (a ConfigError) where its
+  handlers do not split its leaves into k shards (Partition.of): asked by
+  every engine that runs one, sim and ray, before it runs."""
+  if servers > 1 and isinstance(algorithm, Centralized):
+    Partition.of(algorithm, *state_shapes(algorithm), servers)
 
 
 class EventPrograms:

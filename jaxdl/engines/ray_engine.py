@@ -39,10 +39,9 @@ from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base, ray_cluster
-from jaxdl.engines.events import state_shapes, take
+from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
                                      ShardedWorker, SplitProcess, Worker)
-from jaxdl.engines.shards import Partition
 from jaxdl.engines.split import SplitRun
 from jaxdl.errors import ConfigError
 
@@ -179,8 +178,7 @@ class RayEngine(_RayRun):
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
     k = config.cluster.servers
-    if k > 1:  # a parameter server in k shards: refused before Ray starts if it does not split
-      Partition.of(algorithm, *state_shapes(algorithm), k)
+    check_servers(algorithm, k)  # before Ray starts
     super().__init__(algorithm, problem, streams, config)
     ray = self._ray
     # Ray restarts a worker whose process died (ray_actors: what it rejoins with).
