@@ -36,7 +36,7 @@ from typing import Any, Iterable
 from jaxdl import labels, rundir
 from jaxdl.cluster import is_profile
 from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
-                          RunConfig, check_integers)
+                          RunConfig, check_numbers)
 from jaxdl.errors import ConfigError, flag
 from jaxdl.shutdown import exit_within
 
@@ -362,7 +362,7 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   for field, value in run_flags.items():
     if field in PER_CELL:
       raise ConfigError(field, value, f"set per cell by jaxdl compare; {_per_cell(field)}")
-  check_integers(dataclasses.asdict(args), typing.get_type_hints(CompareArgs))
+  check_numbers(dataclasses.asdict(args), typing.get_type_hints(CompareArgs))
   for field in ("algorithms", "workers", "networks"):
     if getattr(args, field) == ():
       raise ConfigError(field, (), "one value or more")

@@ -420,27 +420,33 @@ worker's index past it would wrap."""
 SEED_LIMIT = 2**32
 """Seeds are in [0, SEED_LIMIT): jax.random.key keeps a seed's low 32 bits
 (x64 off; 2**32 gives seed 0's key), and numpy's generators take no negative seed."""
+FLOAT_LIMIT = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+"""Every number field is finite and at most this in magnitude: JAX computes in
+float32, in which a larger rate, time or factor is infinite."""
 
 
-def _integer(hint: Any) -> bool:
-  """Whether a field of type `hint` holds integers (alone, in a list, or unset)."""
-  return hint is int or any(_integer(a) for a in typing.get_args(hint))
+def _holds(hint: Any, kind: type) -> bool:
+  """Whether a field of type `hint` holds values of `kind` (alone, in a list, or unset)."""
+  return hint is kind or any(_holds(a, kind) for a in typing.get_args(hint))
 
 
-def check_integers(values: dict[str, Any], hints: dict[str, Any]) -> None:
+def check_numbers(values: dict[str, Any], hints: dict[str, Any]) -> None:
   """Refuses a value of an integer field (`hints`: each field's type) that
-  int32 does not hold; a seed, one outside [0, SEED_LIMIT)."""
+  int32 does not hold (a seed: outside [0, SEED_LIMIT)), and one of a number
+  field that is not finite in float32."""
   for field, value in values.items():
-    if not _integer(hints.get(field)):
-      continue
-    if field == "seed":
+    hint, items = hints.get(field), value if isinstance(value, (tuple, list)) else (value,)
+    if field == "seed" and _holds(hint, int):
       if not (isinstance(value, int) and 0 <= value < SEED_LIMIT):
         raise ConfigError(field, value, "an integer in [0, 2**32): jax.random.key keeps a "
                           "seed's low 32 bits")
-    elif any(isinstance(v, int) and abs(v) >= INT_LIMIT
-             for v in (value if isinstance(value, tuple) else (value,))):
+    elif _holds(hint, int) and any(isinstance(v, int) and abs(v) >= INT_LIMIT for v in items):
       raise ConfigError(field, value, "an integer below 2**31 in magnitude (JAX's integers "
                         "are int32)")
+    elif _holds(hint, float) and any(isinstance(v, (int, float)) and not abs(v) <= FLOAT_LIMIT
+                                     for v in items):
+      raise ConfigError(field, value, f"a finite number, at most {FLOAT_LIMIT:.4g} in "
+                        "magnitude (JAX computes in float32)")
 
 
 def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
@@ -508,7 +514,7 @@ def validate(config: RunConfig) -> RunConfig:
   from jaxdl.algorithms.compression import parse_compress
 
   c = config.flat()
-  check_integers(c, _field_types() | _settings_types(c["algorithm"]))
+  check_numbers(c, _field_types() | _settings_types(c["algorithm"]))
   for field in ("out", "config", "replay", "data_dir"):
     if c[field] is not None:
       rundir.check_path(field, c[field])

@@ -168,7 +168,7 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict], dict
   if (directory / CELLS_FILE).exists():
     status = _comparison_file(directory, CELLS_FILE, "an object of each cell's status",
                               lambda s: isinstance(s, dict) and all(
-                                  isinstance(v, dict) for v in s.values()))
+                                  isinstance(v, dict) and "status" in v for v in s.values()))
   if (directory / GRID_FILE).exists():
     grid = _comparison_file(directory, GRID_FILE, "the grid and its cells", _grid_cells)
     cells = [(c["name"], c["variant"]) for c in grid["cells"]]
