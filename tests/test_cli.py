@@ -1,4 +1,5 @@
 """The command line: help, list, bad input, rerun, and resume after SIGKILL."""
+import itertools
 import json
 import os
 import signal
@@ -133,6 +134,39 @@ def test_config_flag_reruns_a_run(tmp_path, capsys):
   a = json.loads((tmp_path / "a" / "summary.json").read_text())
   b = json.loads((tmp_path / "b" / "summary.json").read_text())
   assert b["seed"] == 7 and a["params_fingerprint"] == b["params_fingerprint"]
+
+
+# What `jaxdl list` states, worked out by hand: a parameter server's pushes
+# get lr = 0.05 / sqrt(M) and momentum = max(0, 0.9 - (1 - 1/M)); diloco's
+# inner steps adamw at lr 3e-3 with weight decay 0.1 (a momentum is sgd's alone).
+RULES = [("asp", 4, "lr = 0.05 / sqrt(M), momentum = max(0, 0.9 - (1 - 1/M))",
+          {"optimizer": "sgd", "lr": 0.025, "momentum": 0.15, "weight_decay": 0.0}),
+         ("diloco", 2, "adamw, lr 3e-3, weight decay 0.1",
+          {"optimizer": "adamw", "lr": 3e-3, "momentum": None, "weight_decay": 0.1})]
+OPTIM = ("optimizer", "lr", "momentum", "weight_decay")
+
+
+def _optim(path: Path) -> dict:
+  return {k: json.loads(path.read_text())["optim"][k] for k in OPTIM}
+
+
+@pytest.mark.parametrize("algorithm, workers, rule, chosen", RULES, ids=["asp", "diloco"])
+def test_config_json_records_what_the_defaults_chose(tmp_path, capsys, algorithm, workers,
+                                                      rule, chosen):
+  assert main(["list"]) == 0  # the rule, in the algorithm's rows (those of its flags)
+  rows = capsys.readouterr().out.split(f"\n  {algorithm} ", 1)[1].splitlines()[1:]
+  assert any(rule in row for row in itertools.takewhile(lambda r: r.startswith("    --"), rows))
+  args = ["--model", "mlp", "--steps", "2", "--no-progress", "--algorithm", algorithm]
+  assert main(["run", "--out", str(tmp_path / "a"), *args, "--workers", str(workers)]) == 0
+  stored = tmp_path / "a" / "config.json"
+  assert _optim(stored) == pytest.approx(chosen)
+  assert json.loads(stored.read_text())["defaults_applied"] == pytest.approx(
+      {k: v for k, v in chosen.items() if v is not None})
+  # a rerun from it: the same values, the same parameters, bit for bit
+  assert main(["run", "--config", str(stored), "--out", str(tmp_path / "b")]) == 0
+  assert _optim(tmp_path / "b" / "config.json") == _optim(stored)
+  a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+  assert a["params_fingerprint"] == b["params_fingerprint"]
 
 
 @pytest.mark.slow
