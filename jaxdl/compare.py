@@ -373,7 +373,7 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
     if field not in shared and not any(_has_setting(v.algorithm, field)
                                        for v in grid.variants):
       raise ConfigError(field, value, "a setting of an algorithm in the grid ("
-                        f"{', '.join(dict.fromkeys(v.algorithm for v in grid.variants))})")
+                        f"{_algorithms(grid)})")
   if args.workers is not None:
     if min(args.workers) < 1:
       raise ConfigError("workers", args.workers, "worker counts >= 1")
@@ -417,10 +417,9 @@ def _check_one_worker(grid: Grid) -> None:
   """Refuses a grid of one-worker baselines alone (sgd) at worker counts
   without 1: its cells would run at 1 worker, none at the counts asked for."""
   if all(_one_worker(v.algorithm) for v in grid.variants) and 1 not in grid.workers:
-    names = ", ".join(dict.fromkeys(v.algorithm for v in grid.variants))
-    raise ConfigError("workers", grid.workers, f"1 for a grid of {names} alone: the one-worker "
-                      "baseline runs at 1 worker only (add a distributed algorithm, e.g. "
-                      "ar_sgd or asp, to train at more)")
+    raise ConfigError("workers", grid.workers, f"1 for a grid of {_algorithms(grid)} alone: "
+                      "the one-worker baseline runs at 1 worker only (add a distributed "
+                      "algorithm, e.g. ar_sgd or asp, to train at more)")
 
 
 def _check_setting_list(grid: Grid, field: str, plural: str, values: tuple) -> None:
@@ -431,9 +430,13 @@ def _check_setting_list(grid: Grid, field: str, plural: str, values: tuple) -> N
     raise ConfigError(plural, values, "one value or more")
   if not any(_has_setting(v.algorithm, field) for v in grid.variants):
     owners = ", ".join(s.name for s in settings_owners()[field])
-    grid_names = ", ".join(dict.fromkeys(v.algorithm for v in grid.variants))
-    raise ConfigError(plural, values, f"left unset: no algorithm in the grid ({grid_names}) "
-                      f"has {flag(field)} ({owners} do)")
+    raise ConfigError(plural, values, f"left unset: no algorithm in the grid "
+                      f"({_algorithms(grid)}) has {flag(field)} ({owners} do)")
+
+
+def _algorithms(grid: Grid) -> str:
+  """The grid's algorithms, each once: "sgd, asp"."""
+  return ", ".join(dict.fromkeys(v.algorithm for v in grid.variants))
 
 
 def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[str, str]:

@@ -3,7 +3,8 @@ that names the flag, the value given and what the flag takes, which the CLI
 prints and exits with code 2 (tyro itself draws a box of 6 to 16 lines).
 
     jaxdl run: error: --workers='x' is not valid: an integer
-    jaxdl run: error: --nope is not a flag of jaxdl run (did you mean --note?)
+    jaxdl run: error: --worker is not a flag of jaxdl run (did you mean --workers?); see
+      jaxdl run --help
 """
 from __future__ import annotations
 
