@@ -294,19 +294,27 @@ class ExperimentArgs:
   """The grid's scale, passed to the file's GRID as JAXDL_SCALE: mini (minutes on a CPU) or paper (the paper's)."""
 
 
+def script_args(cls: type, argv: list[str] | None = None, path: str | None = None,
+                **kwargs):
+  """A script's own flags, the dataclass `cls` parsed by tyro from `argv`
+  (default sys.argv[1:]; `kwargs`: tyro.cli's); a command line that does not
+  parse is one line on stderr and exit code 2 (SystemExit), as in jaxdl's."""
+  from jaxdl import parsing
+  prog = f"python {Path(path or sys.argv[0]).name}"
+  try:
+    return parsing.parse(cls, sys.argv[1:] if argv is None else argv, prog, **kwargs)
+  except ConfigError as e:
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
 def experiment_main(path: str, doc: str, argv: list[str]) -> int:
   """An experiment file's command line (`doc` its docstring): ``--scale
   mini|paper`` (ExperimentArgs), every other argument a `jaxdl compare`
   flag; the default --out is runs/<file>-<scale>."""
-  from jaxdl import parsing
-  prog = f"python {Path(path).name}"
-  try:
-    args, rest = parsing.parse(ExperimentArgs, argv, prog, return_unknown_args=True,
-                               description=f"{doc.split(chr(10) * 2)[0]}\n\nOther arguments "
-                                           "go to jaxdl compare.")
-  except ConfigError as e:
-    print(f"{prog}: error: {e}", file=sys.stderr)
-    return 2
+  args, rest = script_args(ExperimentArgs, argv, path, return_unknown_args=True,
+                           description=f"{doc.split(chr(10) * 2)[0]}\n\nOther arguments go "
+                                       "to jaxdl compare.")
   os.environ["JAXDL_SCALE"] = args.scale
   return main(["compare", "--experiment", path,
                "--out", f"runs/{Path(path).stem}-{args.scale}", *rest])

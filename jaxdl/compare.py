@@ -388,8 +388,6 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
     grid = grid.replace(networks=tuple(args.networks))
   if args.timing_networks is not None:
     grid = grid.replace(timing_networks=tuple(args.timing_networks))
-  if args.jobs < 0:
-    raise ConfigError("jobs", args.jobs, "a number >= 0 (0: one per CPU core)")
   grid = grid.with_run(**run_flags) if run_flags else grid
   if is_profile(run_flags.get("cluster", "")) and "compute_time" not in run_flags:
     # a measured profile's compute time, not the default grid's
@@ -629,6 +627,8 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   """Runs the grid's unfinished cells into `out`; returns cells.json's content.
   `experiment`: the file that defines the grid, loaded in each cell's process.
   `args`: the command line's, which makes any bad cell an error (check_cells)."""
+  if jobs is not None and jobs < 0:
+    raise ConfigError("jobs", jobs, "a number >= 0 (0: one per CPU core)")
   out = rundir.check_path("out", str(out))
   check_out(out)
   cells = grid.cells()

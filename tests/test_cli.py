@@ -1,4 +1,5 @@
 """The command line: help, list, bad input, rerun, and resume after SIGKILL."""
+import importlib.util
 import itertools
 import json
 import os
@@ -12,7 +13,7 @@ import pytest
 
 import jaxdl
 from jaxdl.algorithms import ALGORITHMS, settings_owners
-from jaxdl.cli import main
+from jaxdl.cli import main, script_args
 from jaxdl.cluster import DEVICE_PROFILES
 from jaxdl.config import RunConfig
 from jaxdl.engines import engines_for
@@ -284,3 +285,20 @@ def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on(tmp_path):
   assert run.returncode == 0, stderr[-2000:]
   assert "Current thread" in stderr or "Thread 0x" in stderr, stderr[-2000:]
   assert json.loads((out / "summary.json").read_text())["steps"] == 400
+
+
+@pytest.mark.parametrize("script", ["quickstart", "scalability", "custom_task", "over_seeds",
+                                    "hyperparameter_sensitivity"])
+def test_an_experiments_own_flags_refuse_in_one_line(capsys, monkeypatch, script):
+  """The scripts of experiments/ with flags of their own parse them as jaxdl
+  does (jaxdl.cli.script_args): an unknown flag is one line, exit code 2."""
+  path = Path(__file__).parent.parent / "experiments" / f"{script}.py"
+  spec = importlib.util.spec_from_file_location(script, path)
+  module = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, script, module)  # for its dataclass
+  spec.loader.exec_module(module)
+  with pytest.raises(SystemExit) as exit:
+    script_args(module.Args, ["--nope"], str(path))
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert exit.value.code == 2 and len(lines) == 1, lines
+  assert lines[0].startswith(f"python {script}.py: error: --nope is not a flag"), lines[0]

@@ -242,8 +242,7 @@ def refused(argv: list[str], names: str, keep: Path | None = None,
     scale = os.environ.get("JAXDL_SCALE")  # (an experiment's command line sets it)
     try:
       with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = (experiment_main(experiment, "An experiment.", argv) if experiment
-                else main(argv))
+        code = exit_code(argv, experiment)
       left = os.listdir(here)
     finally:
       os.chdir(cwd)
@@ -259,6 +258,14 @@ def refused(argv: list[str], names: str, keep: Path | None = None,
   if "--out" in argv and argv[argv.index("--out") + 1].strip():
     assert not Path(argv[argv.index("--out") + 1]).exists()
   assert keep is None or snapshot(keep) == before
+
+
+def exit_code(argv: list[str], experiment: str | None) -> int:
+  """The exit code of `jaxdl ARGV`, or of the experiment file's command line."""
+  try:
+    return experiment_main(experiment, "An experiment.", argv) if experiment else main(argv)
+  except SystemExit as e:  # a script's own flags (jaxdl.cli.script_args)
+    return e.code
 
 
 def bad_numbers(name: str, hint) -> st.SearchStrategy[str]:
