@@ -216,9 +216,9 @@ def _calibrate(args: list[str]) -> int:
                  "dataset and batch size measured, --ray-address.")
   config, settings = flags.parse(_split_lists(rest), RunConfig(), "jaxdl calibrate", description)
   config = config.replace(**settings)
-  out = rundir.check_path("profile", path)
-  if not path.endswith(".json") or out.is_dir():
+  if not path.endswith(".json") or rundir.check_path("profile", path).is_dir():
     raise ConfigError("profile", path, "a path PATH.json for the profile")
+  out = Path(path)
   if out.exists() and not config.output.overwrite:
     raise ConfigError("profile", path, "a path with no file yet, or --overwrite to replace it")
   rundir.check_writable(out.parent, "profile")

@@ -265,12 +265,15 @@ def load_experiment(path: str) -> Grid:
   loader = importlib.machinery.SourceFileLoader("jaxdl_experiment", path)
   spec = importlib.util.spec_from_loader("jaxdl_experiment", loader)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # as an import does: a dataclass in it looks itself up
   try:
     spec.loader.exec_module(module)
   except ConfigError:
     raise
   except Exception as e:  # a syntax error, or any exception the file raises
     raise ConfigError("experiment", path, f"a file that runs: {_where(e, path)}") from None
+  finally:
+    del sys.modules[spec.name]
   grid = getattr(module, "GRID", None)
   if not isinstance(grid, Grid):
     raise ConfigError("experiment", path, "a file that defines GRID = jaxdl.compare.Grid(...)")

@@ -421,8 +421,9 @@ SEED_LIMIT = 2**32
 """Seeds are in [0, SEED_LIMIT): jax.random.key keeps a seed's low 32 bits
 (x64 off; 2**32 gives seed 0's key), and numpy's generators take no negative seed."""
 FLOAT_LIMIT = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
-"""Every number field is finite and at most this in magnitude: JAX computes in
-float32, in which a larger rate, time or factor is infinite."""
+"""Every number field is at most this in magnitude: JAX computes in float32,
+in which a larger rate, time or factor (or an infinite one) is infinite. (NaN
+fails each field's own range.)"""
 
 
 def _holds(hint: Any, kind: type) -> bool:
@@ -433,7 +434,7 @@ def _holds(hint: Any, kind: type) -> bool:
 def check_numbers(values: dict[str, Any], hints: dict[str, Any]) -> None:
   """Refuses a value of an integer field (`hints`: each field's type) that
   int32 does not hold (a seed: outside [0, SEED_LIMIT)), and one of a number
-  field that is not finite in float32."""
+  field past float32's range."""
   for field, value in values.items():
     hint, items = hints.get(field), value if isinstance(value, (tuple, list)) else (value,)
     if field == "seed" and _holds(hint, int):
@@ -443,10 +444,10 @@ def check_numbers(values: dict[str, Any], hints: dict[str, Any]) -> None:
     elif _holds(hint, int) and any(isinstance(v, int) and abs(v) >= INT_LIMIT for v in items):
       raise ConfigError(field, value, "an integer below 2**31 in magnitude (JAX's integers "
                         "are int32)")
-    elif _holds(hint, float) and any(isinstance(v, (int, float)) and not abs(v) <= FLOAT_LIMIT
+    elif _holds(hint, float) and any(isinstance(v, (int, float)) and abs(v) > FLOAT_LIMIT
                                      for v in items):
-      raise ConfigError(field, value, f"a finite number, at most {FLOAT_LIMIT:.4g} in "
-                        "magnitude (JAX computes in float32)")
+      raise ConfigError(field, value, f"a number at most {FLOAT_LIMIT:.4g} in magnitude (JAX "
+                        "computes in float32)")
 
 
 def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
@@ -532,7 +533,7 @@ def validate(config: RunConfig) -> RunConfig:
     raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
   if not 0 < c["lr_decay"] <= 1:
     raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
-  if any(m <= 0 for m in c["lr_milestones"]):
+  if not all(m > 0 for m in c["lr_milestones"]):  # (NaN too)
     raise ConfigError("lr_milestones", c["lr_milestones"], "epochs > 0")
   if c["dry_run"] and config.algorithm.engine not in ("auto", "sim"):
     raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
