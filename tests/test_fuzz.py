@@ -162,6 +162,12 @@ def test_compare_ends_with_0_or_2_and_keeps_an_existing_run(finished, argv, exis
 
 
 # ------------------------------------------------- the bad-input sweep
+#
+# Each class of bad input is generated over every field it applies to (the
+# fields and their types are read from the flags' dataclasses), and each
+# case must give exit code 2, exactly one line on stderr naming the flag, no
+# traceback, and leave every directory as it was. A small budget runs by
+# default; `-m slow` runs ten times as many.
 
 
 def optional(hint: Any) -> Any:
@@ -188,12 +194,6 @@ def flag_types(cls: type) -> dict[str, Any]:
       out[flag(f.name)] = hints[f.name]
   return out
 
-#
-# Each class of bad input is generated over every field it applies to (the
-# fields and their types are read from the flags' dataclasses), and each
-# case must give exit code 2, exactly one line on stderr naming the flag, no
-# traceback, and leave every directory as it was. A small budget runs by
-# default; `-m slow` runs ten times as many.
 
 RUN_TYPES = flag_types(run_flags.flags_class(RunConfig()))
 COMPARE_TYPES = flag_types(CompareArgs)
@@ -208,7 +208,6 @@ TAKES_ZERO = {flag(f) for f in (
 LIST_OWNER = {"--staleness-bounds": "ssp", "--communication-periods": "easgd",
               "--gossip-probabilities": "gosgd"}
 FLOAT32_MAX = 3.4028234663852886e38
-SWEEP = settings(FUZZ, max_examples=30)
 
 
 def sweep(budget: int):
@@ -280,8 +279,8 @@ def bad_numbers(name: str, hint) -> st.SearchStrategy[str]:
                    st.floats(min_value=FLOAT32_MAX * 1.01).map(repr), *low)
 
 
-def numeric(types: dict) -> list[str]:
-  return sorted(n for n, t in types.items() if holds(t, int) or holds(t, float))
+def numeric(typed: dict) -> list[str]:
+  return sorted(n for n, t in typed.items() if holds(t, int) or holds(t, float))
 
 
 @sweep(24)
@@ -289,7 +288,7 @@ def test_numbers_out_of_range_are_refused(examples):
   cases = st.sampled_from([("run", n) for n in numeric(RUN_TYPES)] +
                           [("compare", n) for n in numeric(COMPARE_TYPES)])
 
-  @settings(SWEEP, max_examples=examples)
+  @settings(FUZZ, max_examples=examples)
   @given(case=cases.flatmap(lambda c: st.tuples(st.just(c), bad_numbers(
       c[1], (RUN_TYPES if c[0] == "run" else COMPARE_TYPES)[c[1]]))))
   def check(case):
@@ -313,7 +312,7 @@ PATH_FLAGS = [("run", "--out"), ("run", "--config"), ("run", "--replay"), ("run"
 
 @sweep(12)
 def test_empty_and_overlong_paths_are_refused(examples):
-  @settings(SWEEP, max_examples=examples)
+  @settings(FUZZ, max_examples=examples)
   @given(where=st.sampled_from(PATH_FLAGS), value=BAD_PATHS)
   def check(where, value):
     (command, name) = where
@@ -370,7 +369,7 @@ REPORT_FILES = ["grid.json", "cells.json", "sgd-m1/config.json", "sgd-m1/summary
 
 @sweep(12)
 def test_files_that_are_not_json_or_empty_are_refused(finished, examples):
-  @settings(SWEEP, max_examples=examples)
+  @settings(FUZZ, max_examples=examples)
   @given(data=st.data(), target=st.sampled_from(["--config", *REPORT_FILES]))
   def check(data, target):
     event(target)
@@ -412,12 +411,12 @@ def unparsable(command: str) -> st.SearchStrategy[tuple[list[str], str]]:
   """A command line of `command` that its parser refuses, and what its
   error must name: a value of the wrong type or choice, an unknown flag, a
   flag without its value, a value after a flag that takes none, a missing DIR."""
-  types = COMMAND_TYPES[command]
-  typed = [(n, s) for n, t in types.items() if n != "DIR" and (s := wrong_type(t)) is not None]
-  scalars = [n for n, t in types.items() if n != "DIR" and t is not bool
+  flag_map = COMMAND_TYPES[command]
+  typed = [(n, s) for n, t in flag_map.items() if n != "DIR" and (s := wrong_type(t)) is not None]
+  scalars = [n for n, t in flag_map.items() if n != "DIR" and t is not bool
              and typing.get_origin(optional(t)) is not tuple]
-  switches = [n for n, t in types.items() if t is bool]
-  accepted = {*types, *(RUN_TYPES if command != "report" else ()), "--help", "--profile"}
+  switches = [n for n, t in flag_map.items() if t is bool]
+  accepted = {*flag_map, *(RUN_TYPES if command != "report" else ()), "--help", "--profile"}
   accepted |= {"--no-" + n[2:] for n in accepted}
   unknown = st.from_regex(r"--[a-z][a-z-]{0,12}", fullmatch=True).filter(
       lambda f: f not in accepted)
@@ -433,7 +432,7 @@ def unparsable(command: str) -> st.SearchStrategy[tuple[list[str], str]]:
 
 @sweep(24)
 def test_command_lines_that_do_not_parse_are_refused(examples):
-  @settings(SWEEP, max_examples=examples)
+  @settings(FUZZ, max_examples=examples)
   @given(case=st.sampled_from(sorted(COMMAND_TYPES)).flatmap(
       lambda c: st.tuples(st.just(c), unparsable(c))))
   def check(case):
