@@ -254,8 +254,8 @@ def refused(argv: list[str], names: str, keep: Path | None = None,
   assert names in lines[0], (names, lines[0])
   assert "Traceback" not in out.getvalue() + err.getvalue()
   assert not left, left
-  if "--out" in argv and argv[argv.index("--out") + 1].strip():
-    assert not Path(argv[argv.index("--out") + 1]).exists()
+  for out_dir in (argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"):
+    assert not (out_dir.strip() and os.path.exists(out_dir)), out_dir  # (False if too long)
   assert keep is None or snapshot(keep) == before
 
 
