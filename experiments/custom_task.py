@@ -22,9 +22,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tyro
 
 import jaxdl
+from jaxdl.cli import script_args
 
 FEATURES = 8
 W_TRUE = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
@@ -107,4 +107,4 @@ def main(args: Args) -> dict[str, dict]:
 
 
 if __name__ == "__main__":
-  main(tyro.cli(Args))
+  main(script_args(Args))

@@ -24,13 +24,16 @@ max - min) and ``sensitivity.png`` (the heatmaps) into it.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
+from jaxdl.cli import script_args
 from jaxdl.compare import DEFAULT_RUN, Grid, Variant
+from jaxdl.errors import ConfigError
 
 ALGORITHMS = (("bsp", "bsp", ()), ("asp", "asp", ()), ("ssp_s3", "ssp", (("staleness_bound", 3),)),
               ("easgd_tau4", "easgd", (("communication_period", 4),)),
@@ -124,19 +127,30 @@ def write(out: Path, scale: str, workers: int) -> None:
   print(f"wrote {out / 'sensitivity.md'} and sensitivity.png")
 
 
-def main(argv: list[str]) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--scale", choices=tuple(SCALES), default="mini")
-  parser.add_argument("--out", default=None)
-  parser.add_argument("--jobs", type=int, default=0)
-  parser.add_argument("--data-dir", default=None, help="where tfds:imagenet2012 is (paper)")
-  args = parser.parse_args(argv)
+@dataclasses.dataclass(frozen=True)
+class Args:
+  scale: Literal["mini", "paper"] = "mini"
+  """The grid's scale (above)."""
+  out: str | None = None
+  """The comparison directory (default runs/hyperparameter_sensitivity-<scale>)."""
+  jobs: int = 0
+  """Cells run at once (0: one per CPU core)."""
+  data_dir: str | None = None
+  """Where tfds:imagenet2012 is (paper)."""
+
+
+def main(args: Args) -> int:
   from jaxdl.compare import run_grid
   g = grid(args.scale)
   if args.data_dir:
     g = g.with_run(data_dir=args.data_dir)
-  out = Path(args.out or f"runs/hyperparameter_sensitivity-{args.scale}")
-  status = run_grid(g, out, jobs=args.jobs)
+  out = f"runs/hyperparameter_sensitivity-{args.scale}" if args.out is None else args.out
+  try:
+    status = run_grid(g, out, jobs=args.jobs)
+  except ConfigError as e:
+    print(f"hyperparameter_sensitivity.py: error: {e}", file=sys.stderr)
+    return 2
+  out = Path(out)
   write(out, args.scale, SCALES[args.scale]["workers"])
   failed = [n for n, s in status.items() if s["status"] == "failed"]
   for n in failed:
@@ -145,4 +159,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  sys.exit(main(script_args(Args, description=__doc__.split("\n\n")[0])))

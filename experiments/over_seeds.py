@@ -18,6 +18,7 @@ import sys
 import tyro
 
 from jaxdl import report
+from jaxdl.cli import script_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,5 +84,5 @@ def table(args: Args) -> str:
 
 
 if __name__ == "__main__":
-  print(table(tyro.cli(Args)))
+  print(table(script_args(Args)))
   sys.exit(0)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-import tyro
-
 import jaxdl
 from jaxdl import RunConfig
+from jaxdl.cli import script_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,4 +40,4 @@ def main(args: Args) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main(tyro.cli(Args)))
+  sys.exit(main(script_args(Args)))

@@ -30,10 +30,10 @@ from typing import Literal
 
 import numpy as np
 import optax
-import tyro
 
 from jaxdl import RunConfig, algorithms, cluster
 from jaxdl.algorithms import Problem
+from jaxdl.cli import script_args
 from jaxdl.config import resolve
 from jaxdl.engines.sim import flops_per_batch, make_schedule
 from jaxdl.models import build_model
@@ -161,4 +161,4 @@ def _plot(results, models, networks, workers, path: Path) -> None:
 
 
 if __name__ == "__main__":
-  sys.exit(main(tyro.cli(Args)))
+  sys.exit(main(script_args(Args)))

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from jaxdl import algorithms
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
-from jaxdl.config import (TASK_PREFIX, RunConfig, batch_sizes, check_target, resolve,
+from jaxdl.config import (INT_LIMIT, TASK_PREFIX, RunConfig, batch_sizes, check_target, resolve,
                           run_optim, validate)
-from jaxdl.data import Streams, TextDataset, load_dataset, make_streams
+from jaxdl.data import Streams, TextDataset, check_workers, load_dataset, make_streams
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.models import MODELS, TEXT_MODELS, build_model
 from jaxdl.optim import make_optimizer
@@ -126,6 +126,8 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   task = task or build_task(config)
   check_target(config.train.target_accuracy, task.target_metric, "target_accuracy")
   sliced = config.cluster.partition != "static"  # the split of B changes during the run
+  if streams is None:
+    check_workers(task.train, config.algorithm.workers)
   streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
                                     task.name, sliced)
   if (len(set(streams.batch_sizes)) > 1 or sliced) and not task.weighted:
@@ -140,6 +142,9 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   # of steps in which the workers, each through its own shard, see the
   # training set once.
   total = config.train.steps or max(1, round(config.train.epochs * streams.steps_per_epoch))
+  if total >= INT_LIMIT:
+    raise ConfigError("epochs", config.train.epochs, f"fewer than {INT_LIMIT:,} steps of "
+                      f"{streams.steps_per_epoch} an epoch (JAX counts them in int32)")
   # A parameter server's optimizer updates once per push, M times a step
   # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
   m = config.algorithm.workers

@@ -1,6 +1,7 @@
 """The command line: ``jaxdl run | compare | report | list``."""
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import gc
 import inspect
@@ -9,9 +10,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
-from jaxdl.errors import ConfigError
+from jaxdl.errors import ArgvError, ConfigError
 from jaxdl.shutdown import exit_within
 
 USAGE = """usage: jaxdl COMMAND [FLAGS]
@@ -52,7 +53,7 @@ def _split_lists(args: list[str], flags: tuple[str, ...] = LIST_FLAGS) -> list[s
 
 
 def _parse_run_config(args: list[str]):
-  from jaxdl import flags
+  from jaxdl import flags, rundir
   from jaxdl.config import RunConfig
   from jaxdl.runner import DIVERGENCE_FACTOR
 
@@ -66,7 +67,7 @@ def _parse_run_config(args: list[str]):
   if given.output.config:
     base = RunConfig.load(given.output.config)
   elif given.output.resume and given.output.out:
-    stored = Path(given.output.out) / "config.json"
+    stored = rundir.check_path("out", given.output.out) / rundir.CONFIG
     base = RunConfig.load(str(stored)) if stored.exists() else None
   if base is not None:  # values from the file are the defaults; flags given win
     given, settings = flags.parse(args, base, "jaxdl run", description)
@@ -142,17 +143,15 @@ def _interrupt(signum, frame) -> None:
 
 
 def _compare(args: list[str]) -> int:
-  import tyro
-
-  from jaxdl import compare, flags
+  from jaxdl import compare, flags, parsing
   from jaxdl.config import RunConfig
   from jaxdl.config import check_target
   from jaxdl.report import Report
 
-  opts, rest = tyro.cli(compare.CompareArgs, args=_split_lists(args, COMPARE_LIST_FLAGS),
-                        return_unknown_args=True, prog="jaxdl compare",
-                        description=f"{inspect.cleandoc(compare.CompareArgs.__doc__)}\n\n"
-                                    f"{compare.passed_on()}")
+  opts, rest = parsing.parse(compare.CompareArgs, _split_lists(args, COMPARE_LIST_FLAGS),
+                          "jaxdl compare", return_unknown_args=True,
+                          description=f"{inspect.cleandoc(compare.CompareArgs.__doc__)}\n\n"
+                                      f"{compare.passed_on()}")
   grid = compare.named_grid(opts)
   run_flags = {}
   if rest:  # `jaxdl run` flags: settings shared by every cell
@@ -182,17 +181,20 @@ def _compare(args: list[str]) -> int:
 
 
 def _report(args: list[str]) -> int:
-  import tyro
-
+  from jaxdl import parsing, rundir
   from jaxdl.report import Report, ReportArgs
 
-  opts = tyro.cli(ReportArgs, args=args, prog="jaxdl report")
-  directory = Path(opts.dir)
+  opts = parsing.parse(ReportArgs, args, "jaxdl report")
+  directory = rundir.check_path("dir", opts.dir)
+  expected = "a comparison directory with finished run directories (jaxdl compare --out DIR)"
   if not directory.is_dir() or not any(p.joinpath("summary.json").exists()
                                        for p in directory.iterdir()):
-    raise ConfigError("dir", opts.dir, "a comparison directory with finished run "
-                      "directories (jaxdl compare --out DIR)")
+    raise ConfigError("dir", opts.dir, expected)
   report = Report(directory, opts.target)
+  if not report.train + report.timing:
+    skipped = next(iter(report.skipped.items()), None)
+    raise ConfigError("dir", opts.dir, f"{expected}; no run is readable" + (
+        f" ({skipped[0]}: {skipped[1]})" if skipped else ": none is a cell of its grid.json"))
   print(report.tables())
   print(f"report: {report.write()}")
   return 0
@@ -214,9 +216,9 @@ def _calibrate(args: list[str]) -> int:
                  "dataset and batch size measured, --ray-address.")
   config, settings = flags.parse(_split_lists(rest), RunConfig(), "jaxdl calibrate", description)
   config = config.replace(**settings)
-  out = Path(path)
-  if not path.endswith(".json") or out.is_dir():
+  if not path.endswith(".json") or rundir.check_path("profile", path).is_dir():
     raise ConfigError("profile", path, "a path PATH.json for the profile")
+  out = Path(path)
   if out.exists() and not config.output.overwrite:
     raise ConfigError("profile", path, "a path with no file yet, or --overwrite to replace it")
   rundir.check_writable(out.parent, "profile")
@@ -230,8 +232,7 @@ def _calibrate(args: list[str]) -> int:
 
 def _list(args: list[str]) -> int:
   if args:
-    print("usage: jaxdl list", file=sys.stderr)
-    return 2
+    raise ArgvError("", args[0], "", f"unexpected argument {args[0]!r}: jaxdl list takes none")
   from jaxdl.algorithms import ALGORITHMS
   from jaxdl.data import describe_datasets
   from jaxdl.engines import ENGINES
@@ -286,15 +287,34 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "list": _list}
 
 
+@dataclasses.dataclass(frozen=True)
+class ExperimentArgs:
+  """An experiment file's own flag; every other argument is `jaxdl compare`'s."""
+  scale: Literal["mini", "paper"] = "mini"
+  """The grid's scale, passed to the file's GRID as JAXDL_SCALE: mini (minutes on a CPU) or paper (the paper's)."""
+
+
+def script_args(cls: type, argv: list[str] | None = None, path: str | None = None,
+                **kwargs):
+  """A script's own flags, the dataclass `cls` parsed by tyro from `argv`
+  (default sys.argv[1:]; `kwargs`: tyro.cli's); a command line that does not
+  parse is one line on stderr and exit code 2 (SystemExit), as in jaxdl's."""
+  from jaxdl import parsing
+  prog = f"python {Path(path or sys.argv[0]).name}"
+  try:
+    return parsing.parse(cls, sys.argv[1:] if argv is None else argv, prog, **kwargs)
+  except ConfigError as e:
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
 def experiment_main(path: str, doc: str, argv: list[str]) -> int:
   """An experiment file's command line (`doc` its docstring): ``--scale
-  mini|paper`` (passed to the file's GRID as JAXDL_SCALE), every other
-  argument a `jaxdl compare` flag; the default --out is runs/<file>-<scale>."""
-  import argparse
-  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                   epilog="Other arguments go to jaxdl compare.")
-  parser.add_argument("--scale", choices=("mini", "paper"), default="mini")
-  args, rest = parser.parse_known_args(argv)
+  mini|paper`` (ExperimentArgs), every other argument a `jaxdl compare`
+  flag; the default --out is runs/<file>-<scale>."""
+  args, rest = script_args(ExperimentArgs, argv, path, return_unknown_args=True,
+                           description=f"{doc.split(chr(10) * 2)[0]}\n\nOther arguments go "
+                                       "to jaxdl compare.")
   os.environ["JAXDL_SCALE"] = args.scale
   return main(["compare", "--experiment", path,
                "--out", f"runs/{Path(path).stem}-{args.scale}", *rest])

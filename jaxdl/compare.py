@@ -29,13 +29,14 @@ import signal
 import sys
 import time
 import traceback
+import typing
 from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
 from jaxdl.cluster import is_profile
 from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
-                          RunConfig)
+                          RunConfig, check_numbers)
 from jaxdl.errors import ConfigError, flag
 from jaxdl.shutdown import exit_within
 
@@ -114,6 +115,11 @@ class Grid:
   """Networks of the timing-only (dry-run) cells: speedup at other bandwidths."""
   run: tuple[tuple[str, Any], ...] = DEFAULT_RUN
   """Flat `jaxdl run` fields shared by every cell."""
+  emulated: bool = False
+  """Whether its compute times (compute_time, jitter, stragglers) are its
+  workers' on every engine: emulated on a real one (each worker slowed for
+  real). Otherwise they are the simulated cluster's, which a real engine
+  drops, but for a grid of synchronous algorithms, whose workers emulate them."""
 
   def replace(self, **changes: Any) -> Grid:
     return dataclasses.replace(self, **changes)
@@ -237,7 +243,7 @@ _LOADED: dict[str, Grid] = {}
 
 def named_grid(args: CompareArgs) -> Grid:
   """The grid that --grid or --experiment names."""
-  if args.experiment:
+  if args.experiment is not None:
     if args.grid != CompareArgs.grid:
       raise ConfigError("grid", args.grid, f"its default ({CompareArgs.grid}) with "
                         "--experiment, which gives the grid")
@@ -250,7 +256,7 @@ def named_grid(args: CompareArgs) -> Grid:
 def load_experiment(path: str) -> Grid:
   """The `GRID` that a Python file (e.g. experiments/ipdps21.py) defines; a
   file is run once per process (what it registers is registered once)."""
-  key = str(Path(path).resolve())
+  key = str(rundir.check_path("experiment", path).resolve())
   if key in _LOADED:
     return _LOADED[key]
   if not Path(path).is_file():
@@ -259,12 +265,15 @@ def load_experiment(path: str) -> Grid:
   loader = importlib.machinery.SourceFileLoader("jaxdl_experiment", path)
   spec = importlib.util.spec_from_loader("jaxdl_experiment", loader)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # as an import does: a dataclass in it looks itself up
   try:
     spec.loader.exec_module(module)
   except ConfigError:
     raise
   except Exception as e:  # a syntax error, or any exception the file raises
     raise ConfigError("experiment", path, f"a file that runs: {_where(e, path)}") from None
+  finally:
+    del sys.modules[spec.name]
   grid = getattr(module, "GRID", None)
   if not isinstance(grid, Grid):
     raise ConfigError("experiment", path, "a file that defines GRID = jaxdl.compare.Grid(...)")
@@ -304,7 +313,7 @@ class CompareArgs:
   algorithms: tuple[str, ...] | None = None
   """Variants, e.g. sgd bsp asp ssp_s3 easgd_tau8 gosgd_p0.1 ad_psgd (asp_abn: asp with --async-bn); a bare ssp, easgd, local_sgd or gosgd takes the values of the lists below."""
   workers: tuple[int, ...] | None = None
-  """Worker counts (sgd, the one-worker baseline, runs at 1 only)."""
+  """Worker counts (sgd, the one-worker baseline, runs at 1 only: a grid of sgd alone needs 1 among them)."""
   staleness_bounds: tuple[int, ...] | None = None
   """ssp variants, one per bound s."""
   communication_periods: tuple[int, ...] | None = None
@@ -356,6 +365,10 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   for field, value in run_flags.items():
     if field in PER_CELL:
       raise ConfigError(field, value, f"set per cell by jaxdl compare; {_per_cell(field)}")
+  check_numbers(dataclasses.asdict(args), typing.get_type_hints(CompareArgs))
+  for field in ("algorithms", "workers", "networks"):
+    if getattr(args, field) == ():
+      raise ConfigError(field, (), "one value or more")
   if args.algorithms is not None:
     grid = grid.replace(variants=tuple(Variant.parse(s) for s in args.algorithms))
   shared = section_fields(tuple(run_flags.items()))
@@ -363,22 +376,21 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
     if field not in shared and not any(_has_setting(v.algorithm, field)
                                        for v in grid.variants):
       raise ConfigError(field, value, "a setting of an algorithm in the grid ("
-                        f"{', '.join(dict.fromkeys(v.algorithm for v in grid.variants))})")
+                        f"{_algorithms(grid)})")
   if args.workers is not None:
-    if not args.workers or min(args.workers) < 1:
+    if min(args.workers) < 1:
       raise ConfigError("workers", args.workers, "worker counts >= 1")
     grid = grid.replace(workers=tuple(args.workers))
-  for field, values in (("staleness_bound", args.staleness_bounds),
-                        ("communication_period", args.communication_periods),
-                        ("gossip_probability", args.gossip_probabilities)):
-    if values:
+  _check_one_worker(grid)
+  for field, plural in _LIST_FLAGS.items():
+    values = getattr(args, plural)
+    if values is not None:
+      _check_setting_list(grid, field, plural, values)
       grid = grid.with_setting(field, values)
   if args.networks is not None:
     grid = grid.replace(networks=tuple(args.networks))
   if args.timing_networks is not None:
     grid = grid.replace(timing_networks=tuple(args.timing_networks))
-  if args.jobs < 0:
-    raise ConfigError("jobs", args.jobs, "a number >= 0 (0: one per CPU core)")
   grid = grid.with_run(**run_flags) if run_flags else grid
   if is_profile(run_flags.get("cluster", "")) and "compute_time" not in run_flags:
     # a measured profile's compute time, not the default grid's
@@ -392,13 +404,40 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
             f" with --engine {engine}: its cells measure wall time on this machine"
             + (", one at a time" if field == "jobs" else ", with no simulated network"))
         raise ConfigError(field, value, allowed)
-    # (the real engines emulate the compute times of a grid of synchronous algorithms)
+    # (the real engines emulate the compute times of an emulated grid, or of
+    # a grid of synchronous algorithms; those given here are kept in any case)
     from jaxdl.algorithms import ALGORITHMS, Collective
-    emulated = EMULATED if engine in EMULATING_ENGINES and all(
-        ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants) else ()
+    emulated = EMULATED if engine in EMULATING_ENGINES and (grid.emulated or all(
+        ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants)) else ()
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run
                                   if k not in SIMULATED_ONLY or k in run_flags or k in emulated))
   return grid
+
+
+def _check_one_worker(grid: Grid) -> None:
+  """Refuses a grid of one-worker baselines alone (sgd) at worker counts
+  without 1: its cells would run at 1 worker, none at the counts asked for."""
+  if all(_one_worker(v.algorithm) for v in grid.variants) and 1 not in grid.workers:
+    raise ConfigError("workers", grid.workers, f"1 for a grid of {_algorithms(grid)} alone: "
+                      "the one-worker baseline runs at 1 worker only (add a distributed "
+                      "algorithm, e.g. ar_sgd or asp, to train at more)")
+
+
+def _check_setting_list(grid: Grid, field: str, plural: str, values: tuple) -> None:
+  """Refuses an empty list of a setting's values, or one for a grid in
+  which no algorithm has the setting (it would be ignored)."""
+  from jaxdl.algorithms import settings_owners
+  if not values:
+    raise ConfigError(plural, values, "one value or more")
+  if not any(_has_setting(v.algorithm, field) for v in grid.variants):
+    owners = ", ".join(s.name for s in settings_owners()[field])
+    raise ConfigError(plural, values, f"left unset: no algorithm in the grid "
+                      f"({_algorithms(grid)}) has {flag(field)} ({owners} do)")
+
+
+def _algorithms(grid: Grid) -> str:
+  """The grid's algorithms, each once: "sgd, asp"."""
+  return ", ".join(dict.fromkeys(v.algorithm for v in grid.variants))
 
 
 def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[str, str]:
@@ -591,7 +630,9 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   """Runs the grid's unfinished cells into `out`; returns cells.json's content.
   `experiment`: the file that defines the grid, loaded in each cell's process.
   `args`: the command line's, which makes any bad cell an error (check_cells)."""
-  out = Path(out)
+  if jobs is not None and jobs < 0:
+    raise ConfigError("jobs", jobs, "a number >= 0 (0: one per CPU core)")
+  out = rundir.check_path("out", str(out))
   check_out(out)
   cells = grid.cells()
   invalid = check_cells(grid, out, args)  # a bad shared setting fails here, before any write

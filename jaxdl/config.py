@@ -60,9 +60,9 @@ class OptimConfig:
   optimizer: str | None = None
   """Any optax optimizer by name: see `jaxdl list` (unset: sgd, or the algorithm's own recipe that `jaxdl list` states, e.g. diloco's adamw; a recipe's lr and weight decay hold for its optimizer only)."""
   lr: float | None = None
-  """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M)."""
+  """Peak learning rate (unset: 0.05, or for a parameter server's pushes the rule `jaxdl list` states for the algorithm and M; config.json records the value chosen, which a rerun from it chooses anew for its own M)."""
   momentum: float | None = None
-  """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states); other optimizers take theirs through --opt-args."""
+  """Momentum of sgd (0 for plain SGD; unset: 0.9, or for a parameter server's pushes the rule `jaxdl list` states, recorded in config.json as --lr's is); other optimizers take theirs through --opt-args."""
   nesterov: bool = False
   """Nesterov momentum for sgd."""
   weight_decay: float | None = None
@@ -106,7 +106,7 @@ class AlgorithmConfig:
 class ClusterConfig:
   """The machines: worker speeds and parameter-server shards."""
   worker_speeds: tuple[float, ...] | None = None
-  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion (unless --batch-sizes). --engine sim models the speeds; with --compute-time, a synchronous algorithm's workers on --engine mesh or ray are slowed to them for real (see --compute-time)."""
+  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion (unless --batch-sizes). --engine sim models the speeds; on --engine mesh or ray, with --compute-time, the workers are slowed to them for real (see --compute-time); without it they run at their own speed (the speeds only split the batch: refused with --batch-sizes)."""
   servers: int = 1
   """Parameter-server shards k: each owns about 1/k of the parameters and optimizer state (their bytes), and has its own link; with --engine ray, k shard actors (asp, ssp, dc_asgd, lc_asgd)."""
   cluster: str = "cpu"
@@ -116,11 +116,11 @@ class ClusterConfig:
   latency: float = 5e-5
   """Seconds per simulated message."""
   compute_time: float | None = None
-  """Seconds per batch (of the workers' mean --batch-sizes) on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster. With a synchronous algorithm on --engine mesh or ray, emulated: each worker runs its own program and sleeps until its batch has taken the modelled time (--worker-speeds, --jitter, stragglers, its share of the batch), if its real compute took less."""
+  """Seconds per batch (of the workers' mean --batch-sizes) on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster. On --engine mesh or ray, emulated: each worker sleeps until its batch has taken the modelled time (--worker-speeds, --jitter, stragglers, its share of the batch; the sim engine's draws for that worker and iteration), if its real compute took less; a synchronous algorithm's workers then each run their own program, an asynchronous algorithm's (ray) record the padded times in trace.jsonl."""
   jitter: float = 0.0
   """Sigma of the lognormal (mean 1) factor on every simulated (or emulated: --compute-time on a real engine) compute time."""
   straggler_prob: float = 0.0
-  """Probability that a simulated iteration straggles."""
+  """Probability that a simulated (or emulated: --compute-time on a real engine) iteration straggles."""
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
@@ -280,12 +280,17 @@ class RunConfig:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-    """Inverse of `to_dict`; accepts a nested or a flat dict. In a nested dict
-    written before settings had their own entry, the settings of algorithms
-    other than the one named are dropped."""
+    """Inverse of `to_dict` (and of `recorded`); accepts a nested or a flat
+    dict. In a nested dict written before settings had their own entry, the
+    settings of algorithms other than the one named are dropped. A field
+    that DEFAULTS_APPLIED records, still at the value recorded, is unset."""
     if not isinstance(d, dict):
       raise ConfigError("config", type(d).__name__, "a JSON object of config fields")
-    d = {k: v for k, v in d.items() if k != ENVIRONMENT}  # what it ran on, not a setting
+    applied = d.get(DEFAULTS_APPLIED) or {}
+    if not isinstance(applied, dict):
+      raise ConfigError("config", applied, f"{DEFAULTS_APPLIED}: a JSON object of "
+                        "fields and values")
+    d = {k: v for k, v in d.items() if k not in FILE_RECORDS}  # records, not settings
     legacy = False
     if d and all(isinstance(v, dict) for v in d.values()):
       section = d.get("algorithm", {})
@@ -297,16 +302,24 @@ class RunConfig:
       owner = _field_owner()
       fields = _setting_fields(d.get("algorithm", "sgd"))
       d = {k: v for k, v in d.items() if k in owner or k in fields}
+    d = {k: None if k in applied and applied[k] == v else v for k, v in d.items()}
     _check_types(d)
     return cls.make(**d)
 
   @classmethod
   def load(cls, path: str) -> RunConfig:
+    """The config of a config.json; refused if unreadable, or if it sets no
+    field (an empty object, likely not the file meant, would run the defaults)."""
     try:
       with open(path) as f:
-        return cls.from_dict(json.load(f))
+        d = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
       raise ConfigError("config", path, f"a readable config.json ({e})") from None
+    config = cls.from_dict(d)
+    if not any(v != {} for k, v in d.items() if k not in FILE_RECORDS):
+      raise ConfigError("config", path, "a config.json that sets at least one field "
+                        "(this one is an empty object)")
+    return config
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -362,13 +375,17 @@ def _type_name(hint: Any) -> str:
   return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
+def _settings_types(algorithm: Any) -> dict[str, Any]:
+  """The type of each setting of `algorithm` (none for an unknown one)."""
+  from jaxdl.algorithms import ALGORITHMS
+  if isinstance(algorithm, str) and algorithm in ALGORITHMS:
+    return typing.get_type_hints(ALGORITHMS.get(algorithm).settings)
+  return {}
+
+
 def _check_types(flat: dict[str, Any]) -> None:
   """Refuses a value of the wrong type in a config file, naming its field."""
-  from jaxdl.algorithms import ALGORITHMS
-  hints = _field_types()
-  algorithm = flat.get("algorithm", "sgd")
-  if isinstance(algorithm, str) and algorithm in ALGORITHMS:
-    hints |= typing.get_type_hints(ALGORITHMS.get(algorithm).settings)
+  hints = _field_types() | _settings_types(flat.get("algorithm", "sgd"))
   for field, value in flat.items():
     if field in hints and not _fits(value, hints[field]):
       raise ConfigError(field, value, f"{_type_name(hints[field])} (in the config file)")
@@ -383,6 +400,12 @@ def _setting_fields(algorithm: str) -> set[str]:
 
 # config.json's record of what the run ran on (jaxdl.rundir.environment).
 ENVIRONMENT = "environment"
+DEFAULTS_APPLIED = "defaults_applied"
+"""config.json's record of the values a rule chose for the unset fields of
+the optimizer section (the algorithm's defaults for its M workers, else
+jaxdl.optim's), which the section holds too (`recorded`)."""
+FILE_RECORDS = (ENVIRONMENT, DEFAULTS_APPLIED)
+"""config.json's entries that are records, not fields."""
 
 # Fields that do not change what is computed: a resumed run may differ in them.
 RUN_CONTROL_FIELDS = frozenset(
@@ -390,6 +413,43 @@ RUN_CONTROL_FIELDS = frozenset(
      "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir",
      "coordinator_address", "num_processes", "process_id", "target_accuracy",
      "price_per_device_hour"})
+
+
+INT_LIMIT = 2**31
+"""Every integer field (a count, a period, a bound) is below this in
+magnitude: JAX's integers are int32 (x64 off), in which a step count or a
+worker's index past it would wrap."""
+SEED_LIMIT = 2**32
+"""Seeds are in [0, SEED_LIMIT): jax.random.key keeps a seed's low 32 bits
+(x64 off; 2**32 gives seed 0's key), and numpy's generators take no negative seed."""
+FLOAT_LIMIT = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+"""Every number field is at most this in magnitude: JAX computes in float32,
+in which a larger rate, time or factor (or an infinite one) is infinite. (NaN
+fails each field's own range.)"""
+
+
+def _holds(hint: Any, kind: type) -> bool:
+  """Whether a field of type `hint` holds values of `kind` (alone, in a list, or unset)."""
+  return hint is kind or any(_holds(a, kind) for a in typing.get_args(hint))
+
+
+def check_numbers(values: dict[str, Any], hints: dict[str, Any]) -> None:
+  """Refuses a value of an integer field (`hints`: each field's type) that
+  int32 does not hold (a seed: outside [0, SEED_LIMIT)), and one of a number
+  field past float32's range."""
+  for field, value in values.items():
+    hint, items = hints.get(field), value if isinstance(value, (tuple, list)) else (value,)
+    if field == "seed" and _holds(hint, int):
+      if not (isinstance(value, int) and 0 <= value < SEED_LIMIT):
+        raise ConfigError(field, value, "an integer in [0, 2**32): jax.random.key keeps a "
+                          "seed's low 32 bits")
+    elif _holds(hint, int) and any(isinstance(v, int) and abs(v) >= INT_LIMIT for v in items):
+      raise ConfigError(field, value, "an integer below 2**31 in magnitude (JAX's integers "
+                        "are int32)")
+    elif _holds(hint, float) and any(isinstance(v, (int, float)) and abs(v) > FLOAT_LIMIT
+                                     for v in items):
+      raise ConfigError(field, value, f"a number at most {FLOAT_LIMIT:.4g} in magnitude (JAX "
+                        "computes in float32)")
 
 
 def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
@@ -404,12 +464,32 @@ def _positive(field: str, value: float | int | None, *, allow_none=False, zero=F
 SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
                   "straggler_prob", "straggler_slowdown")
 EMULATING_ENGINES = ("mesh", "ray")
-"""The engines on real devices where a synchronous algorithm's workers may
-run programs of their own, slowed to the EMULATED settings."""
+"""The engines on real devices whose workers may be slowed to the EMULATED
+settings: a synchronous algorithm's, each running a program of its own
+(mesh, ray), and an asynchronous algorithm's processes (ray)."""
 EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
-"""Those that the real engines (mesh, ray) emulate for a synchronous
-algorithm: each worker sleeps until its batch has taken the modelled time
-(jaxdl.engines.split.SplitWorker)."""
+"""Those that the real engines (mesh, ray) emulate for every algorithm they
+run: each worker sleeps until its batch has taken the simulator's modelled
+time, if its compute took less (jaxdl.engines.split.SplitWorker,
+jaxdl.engines.ray_actors)."""
+
+
+def _check_unemulated(config: RunConfig, engine: str) -> None:
+  """On a real engine without --compute-time, the workers run at their own
+  speed: the settings that vary an emulated batch time are refused, and so
+  are --worker-speeds that would not even split the batch (--batch-sizes)."""
+  for field in ("jitter", "straggler_prob", "straggler_slowdown"):
+    if getattr(config.cluster, field) != getattr(ClusterConfig, field):
+      raise ConfigError(field, getattr(config.cluster, field),
+                        f"its default ({getattr(ClusterConfig, field)!r}) with --engine "
+                        f"{engine} unless --compute-time is set (the emulated batch time it "
+                        "varies)")
+  speeds = config.cluster.worker_speeds
+  if speeds is not None and config.data.batch_sizes is not None:
+    raise ConfigError("worker_speeds", speeds, f"unset with --batch-sizes on --engine {engine} "
+                      "unless --compute-time is set: real workers run at their own speed, "
+                      "which the speeds slow to an emulated compute time (without "
+                      "--batch-sizes they split the global batch)")
 
 
 def split_workers(config: RunConfig) -> bool:
@@ -433,10 +513,14 @@ def validate(config: RunConfig) -> RunConfig:
   runner (jaxdl.build.resolve_task), not here."""
   # Registries are imported here: they pull in flax/optax, and the config
   # module must stay importable by lightweight tools.
-  from jaxdl import cluster, data, models, optim
+  from jaxdl import cluster, data, distributed, models, optim, rundir
   from jaxdl.algorithms.compression import parse_compress
 
   c = config.flat()
+  check_numbers(c, _field_types() | _settings_types(c["algorithm"]))
+  for field in ("out", "config", "replay", "data_dir"):
+    if c[field] is not None:
+      rundir.check_path(field, c[field])
   for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
     _positive(field, c[field])
   for field in ("steps", "image_size", "lr", "target_accuracy", "price_per_device_hour"):
@@ -451,7 +535,7 @@ def validate(config: RunConfig) -> RunConfig:
     raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
   if not 0 < c["lr_decay"] <= 1:
     raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
-  if any(m <= 0 for m in c["lr_milestones"]):
+  if not all(m > 0 for m in c["lr_milestones"]):  # (NaN too)
     raise ConfigError("lr_milestones", c["lr_milestones"], "epochs > 0")
   if c["dry_run"] and config.algorithm.engine not in ("auto", "sim"):
     raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
@@ -466,6 +550,7 @@ def validate(config: RunConfig) -> RunConfig:
     data.check_image_size(c["dataset"], c["image_size"])
     models.check_model(c["model"])
   models.check_compute_dtype(c["compute_dtype"], c["model"])
+  distributed.check(config.distributed)
   cluster.parse_bandwidth(c["network"])
   if cluster.is_profile(c["cluster"]):
     cluster.read_profile(c["cluster"])
@@ -475,7 +560,8 @@ def validate(config: RunConfig) -> RunConfig:
     optim.OPTIMIZERS.get(c["optimizer"])  # an unknown name first, whatever the algorithm
   parse_compress(c["compress"])
   parse_compress(c["compress_pull"], "compress_pull")
-  batch_sizes(config)
+  if c["batch_sizes"] is not None or c["worker_speeds"] is not None:
+    batch_sizes(config)  # (equal batches: M of them, once the data has bounded M)
   policy(config)
   resolve(config)
   run_optim(config)  # the optimizer's --opt-args, once the algorithm's recipe is known
@@ -493,6 +579,18 @@ def run_optim(config: RunConfig) -> OptimConfig:
   filled = optim.with_defaults(config.optim, rule)
   optim.parse_opt_args(filled.optimizer, filled.opt_args)
   return filled
+
+
+def recorded(config: RunConfig) -> dict[str, Any]:
+  """config.json's content: `config` with the optimizer section's unset
+  fields filled as the run fills them (run_optim), and DEFAULTS_APPLIED, the
+  values so chosen. Read back (`RunConfig.from_dict`), a field still at its
+  chosen value is unset again: a rerun chooses it anew by the same rule, for
+  its own algorithm and M (the same value where neither changed)."""
+  filled = run_optim(config)
+  chosen = {f.name: getattr(filled, f.name) for f in dataclasses.fields(filled)
+            if getattr(config.optim, f.name) is None and getattr(filled, f.name) is not None}
+  return {**dataclasses.replace(config, optim=filled).to_dict(), DEFAULTS_APPLIED: chosen}
 
 
 def check_target(target: float | None, metric: str = "test_accuracy",
@@ -515,7 +613,9 @@ def policy(config: RunConfig):
   from jaxdl.partition import Policy
 
   c = config.cluster
-  return Policy(c.partition, c.rebalance_every, c.rebalance_window)
+  checked = Policy(c.partition, c.rebalance_every, c.rebalance_window)
+  checked.check_workers(config.algorithm.workers)
+  return checked
 
 
 def resolve(config: RunConfig):
@@ -555,24 +655,16 @@ def resolve(config: RunConfig):
                       "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
   # a synchronous algorithm's workers may run programs of their own (jaxdl.engines.split)
   own_programs = engine in EMULATING_ENGINES and spec.shape is Collective
-  emulated = EMULATED if own_programs else ()
+  emulated = EMULATED if engine in EMULATING_ENGINES else ()  # every algorithm's workers
   if engine != "sim":
     for field in SIMULATED_ONLY:
       value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
       if value != default and field not in emulated:
-        also = (f", which --engine {engine} emulates only for a synchronous algorithm (sgd, "
-                "bsp, ar_sgd, local_sgd, diloco)"
-                if field in EMULATED and engine in EMULATING_ENGINES else "")
         raise ConfigError(field, value, f"its default ({default!r}) "
                           f"with --engine {engine}: a setting of the simulated cluster "
-                          f"(--engine sim), which a run on real devices does not have{also}")
+                          "(--engine sim), which a run on real devices does not have")
   if emulated and config.cluster.compute_time is None:
-    for field in ("jitter", "straggler_prob", "straggler_slowdown"):
-      if getattr(config.cluster, field) != getattr(ClusterConfig, field):
-        raise ConfigError(field, getattr(config.cluster, field),
-                          f"its default ({getattr(ClusterConfig, field)!r}) with --engine "
-                          f"{engine} unless --compute-time is set (the emulated batch time it "
-                          "varies)")
+    _check_unemulated(config, engine)
   if config.cluster.partition != "static":
     if spec.shape is not Collective:
       raise ConfigError("partition", config.cluster.partition,

@@ -1,6 +1,7 @@
 """Several processes in one run: jax.distributed set-up and host-side helpers."""
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -11,6 +12,19 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxdl.errors import ConfigError
+
+
+def check(cfg) -> None:
+  """The processes' flags, with or without a coordinator: --num-processes
+  >= 1, --process-id an index among them, --coordinator-timeout > 0."""
+  count, index = cfg.num_processes, cfg.process_id
+  if count is not None and count < 1:
+    raise ConfigError("num_processes", count, "an integer >= 1, or unset")
+  if index is not None and (index < 0 or (count is not None and index >= count)):
+    raise ConfigError("process_id", index, f"an index in [0, {count}), or unset"
+                      if count else "an integer >= 0, or unset")
+  if not (math.isfinite(cfg.coordinator_timeout) and cfg.coordinator_timeout > 0):
+    raise ConfigError("coordinator_timeout", cfg.coordinator_timeout, "seconds > 0")
 
 
 def initialize(cfg) -> None:
@@ -27,8 +41,7 @@ def initialize(cfg) -> None:
                                                                      "process_id")
   if not 0 <= index < count:
     raise ConfigError("process_id", index, f"an index in [0, {count})")
-  if cfg.coordinator_timeout <= 0:
-    raise ConfigError("coordinator_timeout", cfg.coordinator_timeout, "seconds > 0")
+  check(cfg)
   if count > 1:
     print(f"process {index} of {count}: waiting up to {cfg.coordinator_timeout:g} s for the "
           f"others at {address}", file=sys.stderr)

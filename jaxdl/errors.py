@@ -4,9 +4,14 @@ from __future__ import annotations
 from typing import Any
 
 
+POSITIONAL = {"dir": "DIR"}
+"""Fields given by their position, not by a flag (``jaxdl report DIR``)."""
+
+
 def flag(field: str) -> str:
-  """The command-line flag of a config field: ``batch_size`` -> ``--batch-size``."""
-  return "--" + field.replace("_", "-")
+  """The command-line flag of a config field: ``batch_size`` -> ``--batch-size``
+  (a positional argument: its name, ``DIR``)."""
+  return POSITIONAL.get(field) or "--" + field.replace("_", "-")
 
 
 class ConfigError(ValueError):
@@ -18,6 +23,15 @@ class ConfigError(ValueError):
   def __init__(self, field: str, value: Any, allowed: str):
     self.field, self.value, self.allowed = field, value, allowed
     super().__init__(f"{flag(field)}={value!r} is not valid: {allowed}")
+
+
+class ArgvError(ConfigError):
+  """A command line that does not parse (an unknown flag, a flag without its
+  value, a stray argument): `message` says it in one line, naming the flag."""
+
+  def __init__(self, field: str, value: Any, allowed: str, message: str):
+    ValueError.__init__(self, message)
+    self.field, self.value, self.allowed = field, value, allowed
 
 
 class TaskError(ConfigError):

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import tyro
 
+from jaxdl import parsing
 from jaxdl.config import RunConfig
 from jaxdl.errors import flag
 from jaxdl.settings import field_docs, field_types
@@ -68,8 +69,8 @@ def given_settings(parsed: Any, args: list[str]) -> dict[str, Any]:
 def parse(args: list[str], base: RunConfig, prog: str, description: str | None = None
           ) -> tuple[RunConfig, dict[str, Any]]:
   """(`base` with the sections' flags applied, the settings given) from `args`."""
-  parsed = tyro.cli(flags_class(base), args=args, prog=prog, description=description,
-                    config=(tyro.conf.OmitArgPrefixes,))
+  parsed = parsing.parse(flags_class(base), args, prog, description=description,
+                         config=(tyro.conf.OmitArgPrefixes,))
   sections = {f.name: getattr(parsed, f.name) for f in dataclasses.fields(RunConfig)}
   flat = {k: v for name, section in sections.items()
           for k, v in dataclasses.asdict(section).items() if k != "settings"}

@@ -58,12 +58,16 @@ def with_defaults(cfg, defaults: dict | None = None):
   AlgorithmSpec.optim_defaults), else DEFAULTS.
 
   Defaults that name an optimizer are a recipe for it: where the user names
-  another, none of them hold (an lr tuned for adamw is not one for sgd).
+  another, none of them hold (an lr tuned for adamw is not one for sgd). A
+  momentum is sgd's alone (others take theirs through --opt-args): it stays
+  unset for another optimizer.
   """
   defaults = dict(defaults or {})
   if cfg.optimizer not in (None, defaults.get("optimizer", cfg.optimizer)):
     defaults = {}
   defaults = {**DEFAULTS, **defaults}
+  if (cfg.optimizer or defaults["optimizer"]) != "sgd":
+    del defaults["momentum"]
   return dataclasses.replace(cfg, **{k: v for k, v in defaults.items()
                                      if getattr(cfg, k) is None})
 

@@ -65,6 +65,14 @@ class Policy:
         raise ConfigError(field, value, "an integer >= 1 (steps)" if field.endswith("every")
                           else "an integer >= 1 (batches per worker)")
 
+  def check_workers(self, workers: int) -> None:
+    """Refuses a split that changes among fewer than two workers: one holds
+    the whole global batch, and there is nothing to split."""
+    if self.kind != "static" and workers < 2:
+      raise ConfigError("partition", self.kind, f"static with --workers {workers}: "
+                        "proportional and adaptive split the global batch among 2 workers "
+                        "or more")
+
 
 def largest_remainder(total: int, weights: Sequence[float],
                       minimum: int) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ import tyro
 from jaxdl import labels, rundir, trace
 from jaxdl.plots import ratio, write_all
 from jaxdl.compare import CELLS_FILE, GRID_FILE
-from jaxdl.config import check_target
+from jaxdl.config import FILE_RECORDS, check_target
 from jaxdl.errors import ConfigError
 
 BASELINE = "sgd"
@@ -129,27 +129,53 @@ class CellResult:
 
 
 def _flat(path: Path) -> dict:
-  """A run's config.json as flat fields (its settings included)."""
-  d = json.loads(path.read_text())
+  """A run's config.json as flat fields (its settings included; not its records)."""
+  d = {k: v for k, v in json.loads(path.read_text()).items() if k not in FILE_RECORDS}
   if not all(isinstance(v, dict) for v in d.values()):
     return d
   flat = {k: v for s in d.values() for k, v in s.items() if k != "settings"}
   return flat | dict(d.get("algorithm", {}).get("settings") or {})
 
 
-def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
-  """The finished cells of a comparison directory, and every cell's status."""
+def _comparison_file(directory: Path, name: str, what: str, valid) -> Any:
+  """The content of a comparison's own file (grid.json, cells.json), refused
+  (naming the directory) where it is not JSON or `valid(content)` is false."""
+  try:
+    content = json.loads((directory / name).read_text())
+  except (OSError, ValueError) as e:
+    why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  else:
+    if valid(content):
+      return content
+    why = f"it holds a JSON {type(content).__name__} of another layout"
+  raise ConfigError("dir", str(directory), f"a comparison directory whose {name} is {what} "
+                    f"({why}); rerunning its jaxdl compare writes it anew")
+
+
+def _grid_cells(grid: Any) -> bool:
+  """Whether grid.json's content lists its cells, each with a name and a variant."""
+  cells = grid.get("cells") if isinstance(grid, dict) else None
+  return isinstance(cells, list) and all(
+      isinstance(c, dict) and isinstance(c.get("name"), str)
+      and isinstance(c.get("variant"), str) for c in cells)
+
+
+def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict], dict[str, str]]:
+  """The finished cells of a comparison directory, every cell's status, and
+  the cells skipped, with why (their run files are unreadable)."""
   directory = Path(directory)
   status = {}
   if (directory / CELLS_FILE).exists():
-    status = json.loads((directory / CELLS_FILE).read_text())
+    status = _comparison_file(directory, CELLS_FILE, "an object of each cell's status",
+                              lambda s: isinstance(s, dict) and all(
+                                  isinstance(v, dict) and "status" in v for v in s.values()))
   if (directory / GRID_FILE).exists():
-    grid = json.loads((directory / GRID_FILE).read_text())
+    grid = _comparison_file(directory, GRID_FILE, "the grid and its cells", _grid_cells)
     cells = [(c["name"], c["variant"]) for c in grid["cells"]]
   else:
     cells = [(p.name, None) for p in sorted(directory.iterdir())
              if (p / "config.json").exists()]
-  results = []
+  results, skipped = [], {}
   for name, variant in cells:
     run = directory / name
     if not (run / "summary.json").exists():
@@ -157,20 +183,20 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict]]:
     try:
       config = _flat(run / "config.json")
       summary = json.loads((run / "summary.json").read_text())
+      if not isinstance(summary.get("samples"), (int, float)):  # as every run's summary has
+        raise ValueError("summary.json has no samples count, as a finished run's has")
       workers = config["workers"]
       points = rundir.evaluations(run, summary, workers)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
       # a corrupt cell (e.g. a summary.json cut short) costs that cell only
-      print(f"warning: skipping cell {name}: its run files are unreadable "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
-            file=sys.stderr)
+      skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
       continue
     results.append(CellResult(name, variant or labels.config_label(config), workers,
                               config["network"], bool(config.get("dry_run")), summary,
                               [p for p in points if p["score"] is not None],
                               bool(config.get("async_bn")), config["algorithm"],
                               points[-1] if points else None))
-  return results, status
+  return results, status, skipped
 
 
 # -------------------------------------------------------------------- tables
@@ -214,7 +240,10 @@ class Report:
 
   def __init__(self, directory: str | Path, target: float | None = None):
     self.directory = Path(directory)
-    cells, self.status = load(self.directory)
+    cells, self.status, self.skipped = load(self.directory)
+    for name, why in self.skipped.items() if cells else ():  # (with none: the caller's error)
+      print(f"warning: skipping cell {name}: its run files are unreadable ({why})",
+            file=sys.stderr)
     self.train = [c for c in cells if not c.timing]
     self.timing = [c for c in cells if c.timing]
     first = (self.train or self.timing or [None])[0]
@@ -463,8 +492,11 @@ class Report:
   def write(self) -> Path:
     """Writes report.md and the PNG plots into the directory; returns report.md."""
     written = write_all(self, self.directory)
+    engines = list(dict.fromkeys(c.summary["engine"] for c in self.train + self.timing
+                                 if "engine" in c.summary))
+    on = f", on the {' and '.join(engines)} engine{'s' * (len(engines) > 1)}" if engines else ""
     intro = (f"# Comparison: {self.directory.name}\n\n"
-             f"{len(self.train)} training runs, {len(self.timing)} timing runs. Time is "
+             f"{len(self.train)} training runs, {len(self.timing)} timing runs{on}. Time is "
              f"simulated time for sim runs, wall time otherwise. Metric: {self.label}. "
              "Degradation = (error − one-worker SGD's error) / SGD's error; speedup = "
              f"samples/s over one-worker SGD's on the same network; target {self.label} "

@@ -46,6 +46,36 @@ def environment_warning(path: Path) -> str | None:
           "the parameters and their fingerprint may differ")
 
 
+def _limit(name: str, default: int) -> int:
+  """This file system's limit `name` (os.pathconf), or `default`."""
+  try:
+    return os.pathconf(os.curdir, name)
+  except (OSError, ValueError):
+    return default
+
+
+PATH_ROOM = 256
+"""Bytes of a path kept for the files a run or a comparison writes under it."""
+
+
+def check_path(field: str, value: str) -> Path:
+  """`value`, the path a flag names, as a Path; refused if empty (it would
+  name the current directory) or longer than the file system takes."""
+  if not value.strip():
+    raise ConfigError(field, value, "a path (an empty one names no file)")
+  most = _limit("PC_NAME_MAX", 255)
+  longest = max(Path(value).parts, key=lambda p: len(os.fsencode(p)))
+  if len(os.fsencode(longest)) > most:
+    raise ConfigError(field, value, f"a path whose every name is at most {most} bytes "
+                      f"(one has {len(os.fsencode(longest))})")
+  whole = len(os.fsencode(os.path.abspath(value)))
+  most = _limit("PC_PATH_MAX", 4096) - PATH_ROOM
+  if whole > most:
+    raise ConfigError(field, value, f"a path of at most {most} bytes from / (this one has "
+                      f"{whole})")
+  return Path(value)
+
+
 def _writable(directory: Path) -> bool:
   """Whether a file can be created in `directory`, tried (permission bits
   alone say yes to root where the file system says no)."""

@@ -14,7 +14,8 @@ import numpy as np
 from jaxdl import distributed, rundir, trace
 from jaxdl.build import Cadence, Setup, build_task, prepare, resolve_task
 from jaxdl.checkpoint import Checkpointer, abstract, placed_like
-from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, resolve, validate
+from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, recorded, resolve,
+                          validate)
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError
@@ -135,7 +136,7 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
           rundir.clear_run_files(out)
       out.mkdir(parents=True, exist_ok=True)
       rundir.write_json(out / rundir.CONFIG,
-                        {**config.to_dict(), ENVIRONMENT: rundir.environment()})
+                        {**recorded(config), ENVIRONMENT: rundir.environment()})
       rundir.write_json(out / rundir.CLUSTER, {"processes": built.engine.processes()})
       if announce is not None:
         announce(out)

@@ -1,6 +1,7 @@
 """Building blocks shared by the algorithm and engine tests."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -8,11 +9,14 @@ from typing import Sequence
 import chex
 import jax
 import numpy as np
+import optax
 
-from jaxdl.config import RunConfig
+from jaxdl import algorithms
+from jaxdl.config import RunConfig, resolve
 from jaxdl.data import Streams, WorkerStreams, load_dataset
+from jaxdl.engines import ENGINES
 from jaxdl.models import build_model
-from jaxdl.runner import Setup, setup
+from jaxdl.runner import Setup, prepare, setup
 
 DIGITS = load_dataset("digits")
 
@@ -92,6 +96,35 @@ def make_engine(config: RunConfig, streams=None, total_steps: int = 60):
   """The engine `config` names, on its data (digits by default), built as a
   run builds it, for `total_steps` steps unless the config sets --steps."""
   return make_setup(config, streams, total_steps).engine
+
+
+FIRST_LAYER = "['hidden'][0]"  # the mlp's first dense layer, as jax.tree_util.keystr names it
+
+
+def frozen_layer_engine(config: RunConfig, layer: str = FIRST_LAYER, total_steps: int = 60):
+  """The engine `config` names, its optimizer leaving the parameters under
+  `layer` (a prefix of their jax.tree_util.keystr) as they are, as a
+  fine-tuning run freezes a layer: optax.multi_transform with set_to_zero
+  over them. No worker ever moves them."""
+  if config.train.steps is None:
+    config = config.replace(steps=total_steps)
+  built = prepare(config)
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: "frozen" if jax.tree_util.keystr(path).startswith(layer) else "trained",
+      params)
+  optimizer = optax.multi_transform({"trained": built.problem.optimizer,
+                                     "frozen": optax.set_to_zero()}, labels)
+  problem = dataclasses.replace(built.problem, optimizer=optimizer)
+  algorithm = algorithms.build(built.spec, built.config.settings(), problem,
+                               built.config.algorithm.workers)
+  return ENGINES.get(resolve(built.config)[1])(algorithm, problem, built.streams, built.config,
+                                               built.total_steps)
+
+
+def frozen_part(params, layer: str = FIRST_LAYER) -> np.ndarray:
+  """The parameters under `layer` (see frozen_layer_engine), raveled into one vector."""
+  return np.concatenate([np.ravel(x) for path, x in jax.tree_util.tree_leaves_with_path(params)
+                         if jax.tree_util.keystr(path).startswith(layer)])
 
 
 def train(engine, steps: int, key: int = 0, state=None, start: int = 0):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import jaxdl
+from jaxdl import compare, parsing
 from jaxdl.cli import main
 from jaxdl.config import RunConfig
 from jaxdl.data import SYNTHETIC_MAX_BYTES, synthetic_max_size
@@ -353,8 +354,13 @@ def test_a_target_or_price_out_of_range_is_refused(tmp_path, capsys, args, flag,
     (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-window", "0"],
      "--rebalance-window", "an integer >= 1 (batches per worker)"),
     # what --engine ray emulates (workers slowed for real), and where it sums
-    (["--algorithm", "asp", "--engine", "ray", "--compute-time", "0.1"], "--compute-time",
-     "which --engine ray emulates only for a synchronous algorithm"),
+    (["--algorithm", "asp", "--engine", "ray", "--straggler-prob", "0.1"], "--straggler-prob",
+     "unless --compute-time is set (the emulated batch time it varies)"),
+    (["--algorithm", "gosgd", "--engine", "ray", "--batch-sizes", "8", "8", "--worker-speeds",
+      "1", "0.25"], "--worker-speeds", "unset with --batch-sizes on --engine ray unless "
+     "--compute-time is set"),
+    (["--algorithm", "asp", "--engine", "ray", "--compute-time", "0.1", "--latency", "0.01"],
+     "--latency", "a setting of the simulated cluster (--engine sim), which a run on real"),
     (["--algorithm", "bsp", "--engine", "ray", "--jitter", "0.1"], "--jitter",
      "unless --compute-time is set (the emulated batch time it varies)"),
     (["--algorithm", "bsp", "--engine", "ray", "--compute-time", "0.1", "--network", "1gbps"],
@@ -375,11 +381,74 @@ def test_a_partition_that_cannot_run_is_refused(tmp_path, capsys, args, flag, sa
   assert says in line
 
 
-def test_more_ray_server_shards_than_the_model_splits_into_are_refused(tmp_path, capsys):
+@pytest.mark.parametrize("engine", ["ray", "sim"])
+def test_more_server_shards_than_the_model_splits_into_are_refused(tmp_path, capsys, engine):
+  """The same check on both engines that run a parameter server (the sim
+  engine took 100 shards of a model that splits into 2)."""
   out = tmp_path / "run"
-  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--engine", "ray",
+  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--engine", engine,
                           "--workers", "2", "--servers", "3"], "--servers", out)
   assert "at most 2: this parameter server's update splits its leaves into 2" in line
+
+
+@pytest.mark.parametrize("partition", ["proportional", "adaptive"])
+def test_a_partition_of_one_workers_batch_is_refused(tmp_path, capsys, partition):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "bsp", "--workers", "1",
+                          "--partition", partition], "--partition", out)
+  assert "static with --workers 1" in line
+
+
+def test_a_config_file_that_sets_nothing_is_refused(tmp_path, capsys):
+  path = tmp_path / "config.json"
+  path.write_text('{"optim": {}, "environment": {"backend": "cpu"}}')
+  out = tmp_path / "run"
+  assert "sets at least one field" in refused(
+      capsys, [*RUN, "--config", str(path), "--out", str(out)], "--config", out)
+
+
+def test_a_grid_of_sgd_alone_needs_one_worker(tmp_path, capsys):
+  """sgd, the one-worker baseline, runs at 1 worker: alone at --workers 2 it
+  would run nothing asked for; beside another algorithm it is the baseline."""
+  out = tmp_path / "cmp"
+  line = refused(capsys, [*COMPARE, "--algorithms", "sgd", "--out", str(out)], "--workers", out)
+  assert "1 for a grid of sgd alone" in line
+  cells = [c.workers for c in compare.apply_args(
+      compare.DEFAULT_GRID, compare.CompareArgs(algorithms=("sgd", "asp"), workers=(2,)),
+      {}).cells() if not c.timing]
+  assert cells == [1, 2]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--algorithms", "asp", "--communication-periods", "4"],
+     "left unset: no algorithm in the grid (asp) has --communication-period (local_sgd, easgd"),
+    (["--algorithms", "easgd", "--communication-periods"], "one value or more"),
+])
+def test_a_setting_list_that_no_variant_takes_is_refused(tmp_path, capsys, flags, says):
+  out = tmp_path / "cmp"
+  assert says in refused(capsys, [*COMPARE, *flags, "--out", str(out)],
+                         "--communication-periods", out)
+
+
+@pytest.mark.parametrize("summary", ["{}", "not json", '{"status": "completed"}'])
+def test_report_of_no_readable_run_is_refused(tmp_path, capsys, asp_run, summary):
+  """Its only cell's summary.json unreadable or not a finished run's (no
+  samples): exit 2 naming the directory, not a report of 0 runs."""
+  directory = tmp_path / "cmp"
+  shutil.copytree(asp_run, directory / "asp-m4")
+  (directory / "asp-m4" / "summary.json").write_text(summary)
+  line = refused(capsys, ["report", str(directory)], "DIR", directory)
+  assert "no run is readable (asp-m4: " in line
+
+
+def test_tyros_box_without_its_hook_is_one_line(tmp_path, capsys, monkeypatch):
+  """Where tyro has no parse-error hook, its box is caught and put on one line."""
+  monkeypatch.setattr(parsing, "_ON_PARSE_ERROR", None)
+  out = tmp_path / "run"
+  assert main([*RUN, "--workers", "x", "--out", str(out)]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "--workers" in lines[0] and "'x'" in lines[0], lines
+  assert not out.exists()
 
 
 @pytest.mark.parametrize("flag, value", [("--network", "1gbps"), ("--cluster", "v100"),

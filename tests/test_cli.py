@@ -1,4 +1,6 @@
 """The command line: help, list, bad input, rerun, and resume after SIGKILL."""
+import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -11,7 +13,7 @@ import pytest
 
 import jaxdl
 from jaxdl.algorithms import ALGORITHMS, settings_owners
-from jaxdl.cli import main
+from jaxdl.cli import main, script_args
 from jaxdl.cluster import DEVICE_PROFILES
 from jaxdl.config import RunConfig
 from jaxdl.engines import engines_for
@@ -135,6 +137,39 @@ def test_config_flag_reruns_a_run(tmp_path, capsys):
   assert b["seed"] == 7 and a["params_fingerprint"] == b["params_fingerprint"]
 
 
+# What `jaxdl list` states, worked out by hand: a parameter server's pushes
+# get lr = 0.05 / sqrt(M) and momentum = max(0, 0.9 - (1 - 1/M)); diloco's
+# inner steps adamw at lr 3e-3 with weight decay 0.1 (a momentum is sgd's alone).
+RULES = [("asp", 4, "lr = 0.05 / sqrt(M), momentum = max(0, 0.9 - (1 - 1/M))",
+          {"optimizer": "sgd", "lr": 0.025, "momentum": 0.15, "weight_decay": 0.0}),
+         ("diloco", 2, "adamw, lr 3e-3, weight decay 0.1",
+          {"optimizer": "adamw", "lr": 3e-3, "momentum": None, "weight_decay": 0.1})]
+OPTIM = ("optimizer", "lr", "momentum", "weight_decay")
+
+
+def _optim(path: Path) -> dict:
+  return {k: json.loads(path.read_text())["optim"][k] for k in OPTIM}
+
+
+@pytest.mark.parametrize("algorithm, workers, rule, chosen", RULES, ids=["asp", "diloco"])
+def test_config_json_records_what_the_defaults_chose(tmp_path, capsys, algorithm, workers,
+                                                      rule, chosen):
+  assert main(["list"]) == 0  # the rule, in the algorithm's rows (those of its flags)
+  rows = capsys.readouterr().out.split(f"\n  {algorithm} ", 1)[1].splitlines()[1:]
+  assert any(rule in row for row in itertools.takewhile(lambda r: r.startswith("    --"), rows))
+  args = ["--model", "mlp", "--steps", "2", "--no-progress", "--algorithm", algorithm]
+  assert main(["run", "--out", str(tmp_path / "a"), *args, "--workers", str(workers)]) == 0
+  stored = tmp_path / "a" / "config.json"
+  assert _optim(stored) == pytest.approx(chosen)
+  assert json.loads(stored.read_text())["defaults_applied"] == pytest.approx(
+      {k: v for k, v in chosen.items() if v is not None})
+  # a rerun from it: the same values, the same parameters, bit for bit
+  assert main(["run", "--config", str(stored), "--out", str(tmp_path / "b")]) == 0
+  assert _optim(tmp_path / "b" / "config.json") == _optim(stored)
+  a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+  assert a["params_fingerprint"] == b["params_fingerprint"]
+
+
 @pytest.mark.slow
 def test_config_flag_keeps_the_algorithms_settings(tmp_path, capsys):
   args = ["--model", "mlp", "--steps", "4", "--no-progress", "--algorithm", "ssp",
@@ -250,3 +285,20 @@ def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on(tmp_path):
   assert run.returncode == 0, stderr[-2000:]
   assert "Current thread" in stderr or "Thread 0x" in stderr, stderr[-2000:]
   assert json.loads((out / "summary.json").read_text())["steps"] == 400
+
+
+@pytest.mark.parametrize("script", ["quickstart", "scalability", "custom_task", "over_seeds",
+                                    "hyperparameter_sensitivity"])
+def test_an_experiments_own_flags_refuse_in_one_line(capsys, monkeypatch, script):
+  """The scripts of experiments/ with flags of their own parse them as jaxdl
+  does (jaxdl.cli.script_args): an unknown flag is one line, exit code 2."""
+  path = Path(__file__).parent.parent / "experiments" / f"{script}.py"
+  spec = importlib.util.spec_from_file_location(script, path)
+  module = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, script, module)  # for its dataclass
+  spec.loader.exec_module(module)
+  with pytest.raises(SystemExit) as exit:
+    script_args(module.Args, ["--nope"], str(path))
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert exit.value.code == 2 and len(lines) == 1, lines
+  assert lines[0].startswith(f"python {script}.py: error: --nope is not a flag"), lines[0]

@@ -92,7 +92,7 @@ def test_setting_lists_expand_the_variants_they_apply_to():
     # real processes measure time: no simulated network, one cell at a time
     (["--engine", "ray", "--networks", "1gbps"], "--networks"),
     (["--engine", "ray", "--jobs", "2"], "--jobs"),
-    (["--engine", "ray", "--compute-time", "0.1"], "--compute-time"),
+    (["--engine", "ray", "--jitter", "0.2"], "--jitter"),  # the grid's compute time dropped
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, flag):
   out = tmp_path / "cmp"

@@ -120,7 +120,7 @@ def test_report_command_writes_markdown_and_pngs(comparison, capsys):
 def test_report_of_a_directory_without_runs_is_exit_2(tmp_path, capsys):
   assert main(["report", str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "--dir" in err
+  assert len(err.splitlines()) == 1 and "DIR=" in err
 
 
 def _diverged_cell(root, name="ssp_s3-m8", **config):

@@ -251,9 +251,18 @@ class Problem:
                           model_state=model_state, opt_state=opt_state)
 
 
-def mean_over_workers(stacked):
-  """The mean of a pytree stacked over workers (leading axis M)."""
-  return jax.tree.map(lambda x: jnp.mean(x, axis=0), stacked)
+def mean_over_workers(stacked, weights: jax.Array | None = None):
+  """The mean of a pytree stacked over workers (leading axis M), weighted by
+  `weights` (M, summing to 1; None: equally), taken as worker 0's leaf plus
+  the mean of the differences from it: where every worker holds the same
+  value, the mean is that value bit for bit. (A plain mean is not: the
+  jnp.mean of three equal float32 values is another value for 32% of them.)"""
+  def mean(x):
+    differences = x - x[0]
+    if weights is None:
+      return x[0] + jnp.mean(differences, axis=0)
+    return x[0] + jnp.tensordot(weights, differences, axes=1)
+  return jax.tree.map(mean, stacked)
 
 
 def server_evaluated(server, workers):

@@ -5,10 +5,10 @@ arXiv:2311.08105, Algorithm 1).
 Every worker starts an outer step from the shared parameters theta and takes
 H = --inner-steps steps of the run's --optimizer (the inner optimizer) on its
 own mean gradient, with its own optimizer state. After every H-th step the
-workers' models are averaged, weighted by b_m / B, and their distance from
-theta is the outer gradient, which the outer optimizer applies:
+workers' differences from theta are averaged, weighted by b_m / B, into the
+outer gradient, which the outer optimizer applies:
 
-    Delta = theta - sum_m (b_m / B) theta_m
+    Delta = sum_m (b_m / B) (theta - theta_m)
     theta <- theta + OuterOpt(Delta)      (--outer-optimizer, --outer-lr,
                                            --outer-momentum)
     theta_m <- theta                      (every worker)
@@ -114,21 +114,23 @@ class DiLoCoState(NamedTuple):
 
 def outer_step(outer: optax.GradientTransformation, state: DiLoCoState, share, axis,
                compress: Callable | None = None) -> DiLoCoState:
-  """The outer step: theta moves by the outer optimizer on Delta = theta - the
-  workers' mean model (weights b_m / B = `share`; with `compress`, (message,
-  outbox) -> (what is sent, outbox), the mean of their compressed outer
-  gradients), and every worker restarts from it; batch-norm statistics
-  become their mean."""
-  outbox = state.outbox
-  if compress is not None:
-    own = jax.tree.map(lambda theta, x: theta - x, state.outer_params, state.inner.params)
-    sent, outbox = compress(own, outbox)
-    delta, model_state = axis.psum(jax.tree.map(
-        lambda x: x * share, (sent, state.inner.model_state)))
-  else:
-    mean_params, model_state = axis.psum(jax.tree.map(
-        lambda x: x * share, (state.inner.params, state.inner.model_state)))
-    delta = jax.tree.map(lambda theta, mean: theta - mean, state.outer_params, mean_params)
+  """The outer step: theta moves by the outer optimizer on Delta, the mean of
+  the workers' differences theta - theta_m (weights b_m / B = `share`; with
+  `compress`, (message, outbox) -> (what is sent, outbox), of their
+  compressed differences), and every worker restarts from it; batch-norm
+  statistics become their mean.
+
+  The mean of the differences, not theta minus the mean model: a coordinate
+  that no worker moved has the difference 0 on every worker, so Delta is
+  exactly 0 there and no outer optimizer moves it. theta - sum_m (b_m / B)
+  theta_m is not 0 there: with weights 1/3 in float32, three equal values
+  times 1/3 add up to another value for about 30% of them, and adam turns
+  such an ulp into a step of up to 0.8 x the outer lr (BENCHMARKS.md).
+  """
+  own = jax.tree.map(lambda theta, x: theta - x, state.outer_params, state.inner.params)
+  sent, outbox = (own, state.outbox) if compress is None else compress(own, state.outbox)
+  delta, model_state = axis.psum(jax.tree.map(lambda x: x * share,
+                                              (sent, state.inner.model_state)))
   updates, outer_opt_state = outer.update(delta, state.outer_opt_state, state.outer_params)
   theta = optax.apply_updates(state.outer_params, updates)
   inner = TrainState(theta, model_state, state.inner.opt_state)

@@ -4,6 +4,7 @@ Worker m keeps x_m and a weight a_m (1/M at the start). After each local step,
 with probability p = --gossip-probability it pushes to one random peer k:
     a_m <- a_m / 2, and it sends (x_m, a_m);
     on arrival:  x_k <- (a_k x_k + a_m x_m) / (a_k + a_m);  a_k <- a_k + a_m
+                 (as x_k + a_m / (a_k + a_m) (x_m - x_k), exact where they agree)
 The weights always sum to 1 and sum_m a_m x_m is unchanged by a gossip. The
 evaluated model is that weighted average, sum_m a_m x_m (batch-norm
 statistics averaged the same way).
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdl.algorithms import pairwise
-from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState
+from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
 from jaxdl.algorithms.easgd import local as _local
 from jaxdl.algorithms.shapes import Gossip
 from jaxdl.settings import Settings, require, setting
@@ -83,7 +84,11 @@ def receive(problem: Problem, receiver: GossipWorker, message: Message) -> Gossi
   if problem.compresses:
     links, params = pairwise.decode(problem.compress, links, params, message.sender)
   total = receiver.weight + message.weight
-  merge = lambda xk, xm: (receiver.weight * xk + message.weight * xm) / total
+  sender_part = message.weight / total
+  # x_k + (a_m / (a_k + a_m)) (x_m - x_k): where the two models agree, the
+  # receiver's stays bit for bit; (a_k x_k + a_m x_m) / (a_k + a_m) of two
+  # equal values rounds to another value for some of them
+  merge = lambda xk, xm: xk + sender_part * (xm - xk)
   return receiver._replace(params=jax.tree.map(merge, receiver.params, params),
                            model_state=jax.tree.map(merge, receiver.model_state,
                                                     message.model_state),
@@ -92,8 +97,7 @@ def receive(problem: Problem, receiver: GossipWorker, message: Message) -> Gossi
 
 def evaluated(workers: GossipWorker):
   a = workers.weight / workers.weight.sum()
-  average = lambda x: jnp.tensordot(a, x, axes=1)
-  return jax.tree.map(average, workers.params), jax.tree.map(average, workers.model_state)
+  return mean_over_workers(workers.params, a), mean_over_workers(workers.model_state, a)
 
 
 def build(settings: GoSGDSettings, problem: Problem, num_workers: int) -> Gossip:

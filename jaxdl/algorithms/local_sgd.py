@@ -6,10 +6,16 @@ every H-th step the models (and batch-norm statistics) are averaged, weighted
 by b_m / B: x_m <- sum_k (b_k / B) x_k. Optimizer states stay local.
 With H = 1 and plain SGD this is AR-SGD.
 
-With --compress, an averaging sends model differences from the last
-averaged model x_ref, which every worker holds: worker m sends
-c_m = C(x_m - x_ref + e_m) and keeps e_m <- x_m - x_ref + e_m - c_m, and every
-worker sets x_m = x_ref <- x_ref + sum_k (b_k / B) c_k (Qsparse-local-SGD:
+The average is taken as the last averaged model x_ref, which every worker
+holds, plus the mean of the workers' differences from it:
+x_m = x_ref <- x_ref + sum_k (b_k / B) (x_k - x_ref). A coordinate that no
+worker moved since then stays as it is, bit for bit; sum_k (b_k / B) x_k
+would move it by an ulp for about 30% of values at weights 1/3 in float32,
+at every averaging.
+
+With --compress, an averaging sends those differences compressed: worker m
+sends c_m = C(x_m - x_ref + e_m) and keeps e_m <- x_m - x_ref + e_m - c_m, and
+every worker sets x_m = x_ref <- x_ref + sum_k (b_k / B) c_k (Qsparse-local-SGD:
 Basu, Data, Karakus, Diggavi, NeurIPS 2019). The messages are all-gathered,
 as AR-SGD's (jaxdl.algorithms.ar_sgd); batch-norm statistics are averaged
 whole.
@@ -45,7 +51,7 @@ class LocalWorker(NamedTuple):
   params: Any
   model_state: Any
   opt_state: Any
-  reference: Any  # x_ref, the last averaged model (--compress; () without)
+  reference: Any  # x_ref, the last averaged model, the same on every worker
   outbox: Any     # the compression state of its model differences (--compress)
 
 
@@ -59,14 +65,9 @@ def build(settings: LocalSGDSettings, problem: Problem, num_workers: int) -> Col
 
   def init(key, worker) -> LocalWorker:
     state = problem.init_state(key)
-    reference = state.params if problem.compresses else ()
-    return LocalWorker(*state, reference, problem.init_outbox(state.params, worker))
+    return LocalWorker(*state, state.params, problem.init_outbox(state.params, worker))
 
   def average(state: LocalWorker, share, axis) -> LocalWorker:
-    if not problem.compresses:
-      params, model_state = axis.psum(jax.tree.map(
-          lambda x: x * share, (state.params, state.model_state)))
-      return state._replace(params=params, model_state=model_state)
     difference = jax.tree.map(lambda x, r: x - r, state.params, state.reference)
     sent, outbox = problem.compress_message(difference, state.outbox)
     mean_sent, model_state = axis.psum(jax.tree.map(lambda x: x * share,

@@ -9,14 +9,15 @@ from jaxdl.data import sources
 from jaxdl.data.base import Dataset, Split
 from jaxdl.data.fields import ArrayFields, FunctionData, ImageFields, IterableData
 from jaxdl.data.text import CORPORA, TextDataset, load_text
-from jaxdl.data.streams import (SlicedStreams, Streams, WorkerStreams, make_streams,
-                                partition_batch)
+from jaxdl.data.streams import (SlicedStreams, Streams, WorkerStreams, check_workers,
+                                make_streams, partition_batch)
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 
 __all__ = ["CORPORA", "DATASETS", "ArrayFields", "Dataset", "FunctionData", "ImageFields", "IterableData",
            "Split", "Streams", "TextDataset", "WorkerStreams", "check_image_size", "check_name",
-           "describe_datasets", "load_dataset", "make_streams", "partition_batch"]
+           "check_workers", "describe_datasets", "load_dataset", "make_streams",
+           "partition_batch"]
 
 
 @dataclasses.dataclass(frozen=True)

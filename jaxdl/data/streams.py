@@ -43,6 +43,17 @@ def partition_batch(global_batch: int,
   return largest_remainder(int(global_batch), speeds, minimum=1)
 
 
+def check_workers(data: Any, workers: int) -> None:
+  """Refuses more workers than the training set has examples (a worker's
+  shard holds at least one); data without a length (a FunctionData, an
+  IterableData) bounds none. Asked before a batch size per worker is made."""
+  if data is None or isinstance(data, (FunctionData, IterableData)):
+    return
+  n = len(data)
+  if not 1 <= workers <= n:
+    raise ConfigError("workers", workers, f"between 1 and {n}, the size of the training set")
+
+
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> tuple[int, ...]:
   if not batch_sizes:
     raise ConfigError("workers", 0, "at least 1")
@@ -166,10 +177,8 @@ class WorkerStreams(Streams):
   def __init__(self, split, batch_sizes: Sequence[int], seed: int, task: str = "custom"):
     self.split, self.seed, self.task = split, seed, task
     self.in_memory = bool(getattr(split, "in_memory", False))
-    n, m = len(split), len(batch_sizes)
-    if m == 0 or m > n:
-      raise ConfigError("workers", m, f"between 1 and {n}, the size of the "
-                        "training set")
+    n = len(split)
+    check_workers(split, len(batch_sizes))
     self.batch_sizes = _check_batch_sizes(batch_sizes)
     sizes = largest_remainder(n, self.batch_sizes, minimum=1)
     for worker, (b, size) in enumerate(zip(self.batch_sizes, sizes)):

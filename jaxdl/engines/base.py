@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 
-from jaxdl.algorithms import Problem, Shape
+from jaxdl.algorithms import Collective, Problem, Shape
+from jaxdl.algorithms.ar_sgd import allreduce_bytes
 from jaxdl.algorithms.base import models_given
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.data import Streams
@@ -82,6 +84,18 @@ def process_identity(role: str) -> dict[str, Any]:
   and the cores it may run on (None where the system does not say)."""
   cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
   return {"role": role, "pid": os.getpid(), "host": socket.gethostname(), "cores": cores}
+
+
+def slowed(computed: float, modelled: float | None) -> float:
+  """The seconds of a batch whose compute took `computed` seconds on a
+  worker that emulates a slower device (--compute-time on a real engine):
+  the simulator's cost model says `modelled` (None: not emulated). If the
+  compute took less, it sleeps the rest, so that the worker is as late as
+  the modelled device would be. Returns the longer of the two."""
+  if modelled is not None and modelled > computed:
+    time.sleep(modelled - computed)
+    return modelled
+  return computed
 
 
 class LocalProcess:
@@ -164,6 +178,41 @@ def trace_figures(events: Sequence[Event], num_workers: int, bytes_total, *extra
   """TRACE_FIGURES (and `extra` ones) of the run's events."""
   stats = trace.summarize(events, num_workers, bytes_total)
   return {k: stats[k] for k in (*extra, *TRACE_FIGURES)}
+
+
+def synchronous_events(clock: float, step: int, waits: Sequence[float]) -> list[Event]:
+  """A synchronous step's events on a real engine, at its end (`clock`):
+  each worker's seconds idle in it ("wait"), then the step."""
+  return [*(Event(clock, "wait", w, iteration=step, duration=d) for w, d in enumerate(waits)),
+          Event(clock, "step", -1, step)]
+
+
+def synchronous_figures(algorithm: Collective, problem: Problem, num_workers: int,
+                        events: Sequence[Event], total_steps: int) -> dict[str, Any]:
+  """TRACE_FIGURES of a synchronous run on a real engine (its steps'
+  `synchronous_events`), its `collective_bytes` and `trace_time_s` (the
+  clock at its last event)."""
+  return {**trace_figures(events, num_workers, collective_bytes(
+              algorithm, problem, num_workers, events, total_steps)),
+          "trace_time_s": events[-1].time if events else 0.0}
+
+
+def collective_bytes(algorithm: Collective, problem: Problem, num_workers: int,
+                     events: Sequence[Event], total_steps: int) -> float:
+  """Bytes all workers sent in the steps of `events` ("step"), of a run of
+  `total_steps`, counted as the simulator counts them
+  (jaxdl.cluster.schedule.synchronous): an all-reduce is a ring's, 2 (M - 1)
+  model bytes (with --compress an all-gather, M (M - 1) messages), at every
+  step ("allreduce") or at every `period`-th ("local"); a parameter
+  server's step ("ps": bsp) is each worker's push, and its pull of the
+  model after every step but the run's last (the replicas start equal)."""
+  steps = [e.iteration for e in events if e.kind == "step"]
+  if algorithm.sync == "ps":
+    pulls = sum(g + 1 < total_steps for g in steps)
+    return float(num_workers * (len(steps) * problem.message_bytes()
+                                + pulls * problem.model_bytes()))
+  period = algorithm.period if algorithm.sync == "local" else 1
+  return sum((g + 1) % period == 0 for g in steps) * allreduce_bytes(problem, num_workers)
 
 
 def algorithm_report(algorithm: Shape, server: Any) -> dict[str, float]:

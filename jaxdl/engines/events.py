@@ -21,7 +21,7 @@ from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip
 from jaxdl.algorithms.shapes import average_parts, exchange_parts, has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
-from jaxdl.engines.shards import sharded
+from jaxdl.engines.shards import Partition, sharded
 
 
 def event_functions(algorithm: Shape) -> dict[str, Callable]:
@@ -102,6 +102,14 @@ class MessageParts(NamedTuple):
   reply: tuple[int, ...]
   push: tuple[int, ...]
   private: tuple[int, ...]
+
+
+def check_servers(algorithm: Shape, servers: int) -> None:
+  """--servers k for a parameter server, refused (a ConfigError) where its
+  handlers do not split its leaves into k shards (Partition.of): asked by
+  every engine that runs one, sim and ray, before it runs."""
+  if servers > 1 and isinstance(algorithm, Centralized):
+    Partition.of(algorithm, *state_shapes(algorithm), servers)
 
 
 class EventPrograms:

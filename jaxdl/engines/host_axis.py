@@ -107,11 +107,25 @@ class Exchange:
         self.results[key] = (result, left - 1)
     step = key[0]
     self.inside[worker][step] = self.inside[worker].get(step, 0.0) + time.perf_counter() - start
-    if op == "all_gather":
-      return [np.stack([r[i] for r in result]) for i in range(len(leaves))]
-    if op == "psum_scatter":
-      return [np.split(x, self.size)[worker] for x in result]
-    return result
+    return share(op, result, worker, self.size)
+
+
+def share(op: str, result: list, worker: int, size: int) -> list[np.ndarray]:
+  """Worker `worker`'s part of a collective's `result` (all_gather: every
+  worker's leaves, in worker order; psum, psum_scatter: their sums)."""
+  if op == "all_gather":
+    return [np.stack([r[i] for r in result]) for i in range(len(result[0]))]
+  if op == "psum_scatter":
+    return [np.split(x, size)[worker] for x in result]
+  return result
+
+
+def unmet(op: str, worker: int, size: int, leaves: Sequence[np.ndarray]) -> list[np.ndarray]:
+  """What a collective gives `worker` as if all `size` workers had brought
+  its `leaves`: the answer of a step run by one worker alone (its untimed
+  first run, whose result is dropped), shaped as the exchange's."""
+  parts = [[np.asarray(x) for x in leaves]] * size
+  return share(op, parts if op == "all_gather" else summed(parts, "host"), worker, size)
 
 
 @dataclasses.dataclass

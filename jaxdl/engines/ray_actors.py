@@ -19,6 +19,12 @@ AD-PSGD. Every message travels as one buffer of its leaves' bytes
 (`packed`; a compressed one's are its payload's), and `bytes_total`
 counts each as Ray serializes it (`wire_bytes`).
 
+With --compute-time every worker emulates a device of the simulator's cost
+model: it sleeps until each iteration's compute has taken the modelled time
+(`jaxdl.cluster.CostModel.compute_time(worker, iteration)`: --worker-speeds,
+--jitter, stragglers; the sim engine's draws), if its real compute took
+less. The trace's compute durations are those padded times.
+
 A worker whose process dies is restarted by Ray. A parameter server's
 worker pulls again at its clock (its in-flight iteration is dropped), sent
 its whole state (the driver refuses this with compressed messages: what
@@ -43,9 +49,10 @@ import jax
 import numpy as np
 
 from jaxdl.algorithms import Elastic, Gossip
-from jaxdl.engines.base import process_identity
+from jaxdl.engines.base import process_identity, slowed
 from jaxdl.engines.events import (EventPrograms, initial_state, one_batch, stack, state_shapes,
                                   take)
+from jaxdl.engines.sim import cost_model
 from jaxdl.engines.split import SplitWorker
 from jaxdl.trace import Event
 
@@ -53,6 +60,21 @@ from jaxdl.trace import Event
 def _built(config, task):
   from jaxdl.build import prepare  # heavy: only in the actors' processes
   return prepare(config, task=task)
+
+
+def _emulated(config, built):
+  """The cost model whose compute times a worker emulates (--compute-time),
+  or None: it runs at its own speed."""
+  if config.cluster.compute_time is None:
+    return None
+  return cost_model(config, built.problem, built.streams)
+
+
+def _padded(cost, w: int, c: int, started: float) -> float:
+  """Seconds of worker w's compute for its iteration c, begun at `started`
+  (time.perf_counter()), padded to the simulator's compute_time(w, c) (its
+  speed, jitter and stragglers: the same draws) if `cost` is not None."""
+  return slowed(time.perf_counter() - started, None if cost is None else cost.compute_time(w, c))
 
 
 def _cpu_seconds() -> tuple[float, float | None]:
@@ -415,8 +437,8 @@ class Server(_Ledger):
 
 
 class Worker:
-  """A worker: pulls, computes on what it pulled, pushes; until the server
-  says the run is over."""
+  """A worker: pulls, computes on what it pulled (padded to the modelled
+  time, with --compute-time), pushes; until the server says the run is over."""
 
   def __init__(self, config, task, worker: int, server: str):
     import ray
@@ -426,6 +448,7 @@ class Worker:
     # given an actor handle (it keeps such arguments in the object store)
     self.w, self.server, self.streams = worker, ray.get_actor(server), built.streams
     self.programs = EventPrograms(built.algorithm, built.streams, config.cluster.servers)
+    self.cost = _emulated(config, built)
     self.template = None  # set by warm_up
 
   def identity(self) -> dict[str, Any]:
@@ -456,7 +479,7 @@ class Worker:
       t = time.perf_counter()
       state, shares = self.programs.compute(pulled, one_batch(self.streams, self.w, c))
       leaves = jax.block_until_ready(jax.tree.leaves(state))
-      compute = time.perf_counter() - t
+      compute = _padded(self.cost, self.w, c, t)
       t = time.perf_counter()
       reply = self._push(c, leaves, compute,
                          transfer, self.programs.means(self.w, jax.device_get(shares)),
@@ -889,7 +912,9 @@ def _received_shapes(programs: EventPrograms) -> dict[str, Any]:
 class Peer:
   """A worker that keeps its own model (easgd, gosgd, ad_psgd): a threaded
   actor, its own loop in one thread while peers' messages and averages
-  arrive in others; a lock makes each event on its model whole."""
+  arrive in others; a lock makes each event on its model whole. A
+  gradient's compute, padded to the modelled time with --compute-time,
+  holds the lock as a slow device's would."""
 
   def __init__(self, config, task, worker: int, coordinator: str):
     import ray
@@ -900,6 +925,7 @@ class Peer:
     self.algorithm, self.seed = built.algorithm, config.train.seed
     self.programs = EventPrograms(built.algorithm, built.streams)
     self.like = _received_shapes(self.programs)
+    self.cost = _emulated(config, built)
     self.lock = threading.Lock()
     self.state, self.incarnation = None, 0  # no model until `run` gives it one
 
@@ -993,7 +1019,7 @@ class Peer:
       p, start = self.programs, time.perf_counter()
       new, shares = jax.block_until_ready(p.local(self.state, one_batch(self.streams, self.w, c)))
       if not self._ask(self.w, "local", c, metrics=p.means(self.w, jax.device_get(shares)),
-                       seconds=time.perf_counter() - start):
+                       seconds=_padded(self.cost, self.w, c, start)):
         return False
       self.state = new
       return True
@@ -1081,7 +1107,7 @@ class Peer:
         new, shares = jax.block_until_ready(
             p.compute(p.pull((), self.state, none), one_batch(self.streams, self.w, c)))
         if not self._ask(self.w, "pull", c, metrics=p.means(self.w, jax.device_get(shares)),
-                         seconds=time.perf_counter() - start):
+                         seconds=_padded(self.cost, self.w, c, start)):
           return
         self.state = new
       if len(peers) > 1:  # a uniformly random other worker, the same in every run
@@ -1161,8 +1187,12 @@ class Process:
     self.engine = MeshEngine(built.algorithm, built.problem, built.streams, self.config)
 
   def init(self, key_data: np.ndarray) -> None:
-    """The state at step 0, from the run's key (compiles the step too)."""
+    """The state at step 0, from the run's key; and the step compiled and run
+    once on a copy of it, its result dropped (with the others: it is a
+    collective), so that no step's time holds its compile or its first run,
+    which is not a steady one."""
     self.state = self.engine.init(jax.random.wrap_key_data(np.asarray(key_data)))
+    jax.block_until_ready(self.engine.step(jax.tree.map(lambda x: x.copy(), self.state), 0))
 
   def begin(self, state) -> None:
     """Continues from a checkpoint's state (host arrays)."""
@@ -1171,12 +1201,14 @@ class Process:
     self.state = jax.tree.map(put, state, shardings)
 
   def step(self, step: int, gather: bool):
-    """Takes step `step` with the others: (metrics, the state as host arrays
-    if `gather`) on process 0 (gathering is a collective: all take part)."""
+    """Takes step `step` with the others: (its seconds from this call to the
+    step's end; on process 0, the metrics and the state as host arrays if
+    `gather`: gathering is a collective, all take part)."""
     from jaxdl.distributed import host_copy
+    start = time.perf_counter()
     self.state, metrics = self.engine.step(self.state, step)
     metrics, state = host_copy((metrics, self.state if gather else None))
-    return (metrics, state) if self.index == 0 else None
+    return time.perf_counter() - start, (metrics, state) if self.index == 0 else None
 
   def state(self):
     """The state as host arrays, on process 0 (a collective: all take part)."""

@@ -14,16 +14,16 @@ shares of the batch differ in time (--partition proportional or adaptive,
 --compute-time), M processes that each run the algorithm's step on their
 own share, their collectives meeting at one actor (`RaySplit`).
 
-A local Ray instance listens on the loopback address only and starts no
-dashboard; `--ray-address HOST:PORT` joins a running cluster instead, with
-Ray's token authentication as that cluster has it (RAY_AUTH_TOKEN).
+A local Ray instance listens on the loopback address only, starts no
+dashboard, and its processes end with the driver's however it ends;
+`--ray-address HOST:PORT` joins a running cluster instead, with Ray's token
+authentication on (`jaxdl.engines.ray_cluster`).
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
 import os
-import socket
 import time
 import uuid
 import warnings
@@ -38,11 +38,10 @@ from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, G
 from jaxdl.algorithms.shapes import has_server
 from jaxdl.build import Cadence
 from jaxdl.data import Streams
-from jaxdl.engines import base
-from jaxdl.engines.events import state_shapes, take
+from jaxdl.engines import base, ray_cluster
+from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
                                      ShardedWorker, SplitProcess, Worker)
-from jaxdl.engines.shards import Partition
 from jaxdl.engines.split import SplitRun
 from jaxdl.errors import ConfigError
 
@@ -53,8 +52,6 @@ STEPS_PER_CALL = 32
 where it reads the state): a call per step took about a third of a core."""
 RESTART_TIMEOUT_S = 120.0
 """Seconds a restarting worker may take to start again."""
-
-ADDRESS_HELP = "the address HOST:PORT of a running Ray cluster (`ray start --head`)"
 
 INLINE_BYTES = 1 << 20
 """A local instance sends a message of up to this many bytes inside the call
@@ -67,11 +64,12 @@ node address is then the loopback address), on Linux too."""
 
 
 def connect(address: str | None) -> bool:
-  """Connects this process to Ray: the cluster at `address`, or a new local
-  instance on the loopback address. True if this call started Ray (the
-  engine then shuts it down)."""
+  """Connects this process to Ray: the cluster at `address` (with Ray's
+  token authentication on unless RAY_AUTH_MODE says otherwise), or a new
+  local instance on the loopback address, whose processes end with this
+  one. True if this call started Ray (the engine then shuts it down)."""
   if address is not None:
-    _check_reachable(address)
+    ray_cluster.check_address(address)
   loopback = address is None or address.rpartition(":")[0] in ("localhost", "127.0.0.1")
   if loopback:  # Ray would otherwise resolve the loopback address to the host's
     os.environ.setdefault(LOOPBACK_ONLY, "0")
@@ -82,6 +80,7 @@ def connect(address: str | None) -> bool:
   if loopback:
     from ray._private import ray_constants  # read when ray is imported: set it again
     ray_constants.ENABLE_RAY_CLUSTER = os.environ[LOOPBACK_ONLY] not in ("0", "false")
+  watchdog = ray_cluster.Watchdog() if address is None else None
   try:
     with warnings.catch_warnings():
       # Ray starts its processes with subprocess (fork, then exec at once):
@@ -92,22 +91,21 @@ def connect(address: str | None) -> bool:
       ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
                log_to_driver=True, **local)
   except (ConnectionError, RuntimeError, ValueError) as e:
+    if watchdog is not None:
+      watchdog.stop()
     raise ConfigError("ray_address", address,
-                      f"{ADDRESS_HELP}, or unset for a local one ({e})") from None
+                      f"{ray_cluster.ADDRESS_HELP}, or unset for a local one ({e})") from None
+  if watchdog is not None:
+    watchdog.started()
   return True
 
 
-def _check_reachable(address: str, timeout: float = 5.0) -> None:
-  """A ConfigError unless something listens at HOST:PORT (Ray itself would
-  retry for minutes)."""
-  host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise ConfigError("ray_address", address, ADDRESS_HELP)
-  try:
-    socket.create_connection((host, int(port)), timeout=timeout).close()
-  except OSError as e:
-    raise ConfigError("ray_address", address,
-                      f"{ADDRESS_HELP}; nothing answers there ({e})") from None
+def shutdown() -> None:
+  """Shuts down Ray in this process (a local instance: every process of it)."""
+  import ray
+  ray.shutdown()
+  if ray_cluster.Watchdog.active is not None:
+    ray_cluster.Watchdog.active.stop()
 
 
 def _by_value(task) -> None:
@@ -157,7 +155,7 @@ class _RayRun(base.LocalProcess):
         ray.kill(actor)
     self.server, self.workers, self.shards = None, None, []
     if self.started and ray.is_initialized():
-      ray.shutdown()
+      shutdown()
 
 
 class RayEngine(_RayRun):
@@ -180,8 +178,7 @@ class RayEngine(_RayRun):
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
     k = config.cluster.servers
-    if k > 1:  # a parameter server in k shards: refused before Ray starts if it does not split
-      Partition.of(algorithm, *state_shapes(algorithm), k)
+    check_servers(algorithm, k)  # before Ray starts
     super().__init__(algorithm, problem, streams, config)
     ray = self._ray
     # Ray restarts a worker whose process died (ray_actors: what it rejoins with).
@@ -351,7 +348,16 @@ class RayCollective(_RayRun):
   jax.distributed joins, one device and one worker each (`ray_actors.Process`):
   each runs the mesh engine's step, the algorithm's collectives across the
   processes (gloo on CPUs). The driver steps them together and gathers the
-  state at the steps the runner reads."""
+  state at the steps the runner reads.
+
+  The trace's clock is the steps' seconds (from the driver's call to the
+  last reply; its compile and first run are before it, evaluations between
+  steps outside it). The step is one program across the processes, which
+  end it together: a worker's "wait" is its seconds in the step beyond the
+  quickest process's, the time it waited for the last to begin the step.
+  (A process slower inside the program holds the others at its collectives
+  unseen: timing a worker's compute apart from them takes a program of its
+  own, `RaySplit`.)"""
   shapes = (Collective,)
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
@@ -366,9 +372,10 @@ class RayCollective(_RayRun):
     ray.get([p.join.remote(address, config.distributed.coordinator_timeout)
              for p in self.workers])
     self.cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+    self.total_steps = total_steps
     self.layout = MeshEngine(algorithm, problem, streams, config)  # rows, evaluation
     self.events: list[trace.Event] = []
-    self.begun = False
+    self.begun, self.clock = False, 0.0  # the steps' seconds so far
 
   def _on_all(self, method: str, *args):
     """Calls `method` on every process (together: it may be a collective);
@@ -376,28 +383,34 @@ class RayCollective(_RayRun):
     return self._ray.get([getattr(p, method).remote(*args) for p in self.workers])[0]
 
   def init(self, key: jax.Array):
-    """The state at step 0 (every process has compiled its step)."""
+    """The state at step 0 (every process has compiled its step and run it once)."""
     self._on_all("init", np.asarray(jax.random.key_data(key)))
     return self._on_all("state")
 
   def step(self, state, step: int):
     if not self.begun:
-      self.start, self.begun = time.perf_counter(), True
+      self.begun = True
       if step:  # from a checkpoint's state
         self._on_all("begin", state)
-    self.events.append(trace.Event(time.perf_counter() - self.start, "step", -1, step))
     # The state at a step whose end the runner does not read is not gathered.
     gather = self.cadence.observes(step + 1)
-    metrics, new = self._on_all("step", step, gather)
+    begin = time.perf_counter()
+    replies = self._ray.get([p.step.remote(step, gather) for p in self.workers])
+    self.clock += time.perf_counter() - begin
+    seconds = [r[0] for r in replies]
+    self.events += base.synchronous_events(self.clock, step, [s - min(seconds) for s in seconds])
+    metrics, new = replies[0][1]
     return new if gather else state, metrics
 
   def trace(self) -> list[trace.Event]:
     return self.events
 
   def figures(self) -> dict[str, Any]:
-    return base.figures(self.name, self.algorithm, self.problem, self.streams,
-                        devices=self.num_workers, workers_per_device=1,
-                        processes=self.num_workers + 1)  # and the driver
+    return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
+                           devices=self.num_workers, workers_per_device=1,
+                           processes=self.num_workers + 1),  # and the driver
+            **base.synchronous_figures(self.algorithm, self.problem, self.num_workers,
+                                       self.events, self.total_steps)}
 
   def report(self, state) -> dict[str, float]:
     return {}

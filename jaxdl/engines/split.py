@@ -31,6 +31,7 @@ from jaxdl.algorithms import Batch, Collective
 from jaxdl.build import Cadence
 from jaxdl.engines import base
 from jaxdl.engines.events import initial_state, stack, take
+from jaxdl.engines.host_axis import Exchange, HostAxis, unmet
 from jaxdl.errors import ConfigError
 from jaxdl.partition import Partitioner, Partitions
 
@@ -61,7 +62,6 @@ class SplitWorker:
 
   def __init__(self, config, algorithm, problem, streams, worker: int, meet: Callable,
                device=None):
-    from jaxdl.engines.host_axis import HostAxis
     from jaxdl.engines.sim import cost_model
     self.w, self.streams, self.algorithm = worker, streams, algorithm
     self.m = streams.num_workers
@@ -75,17 +75,21 @@ class SplitWorker:
     self.compiled: dict[int, Any] = {}  # padded batch size -> its compiled step
     self.mark = self.computed = self.compiling = 0.0
     self.target: float | None = None  # the modelled seconds of this step's batch, until slept
+    self.alone = False  # in a step's untimed first run: collectives answered here (`ready`)
+    self.first_runs = 0  # untimed first runs so far: one per compiled step
+    # each field's example shape and dtype, for a first run's batch of zeros
+    self.fields = {k: (v.shape[1:], v.dtype) for k, v in streams.example.items()}
 
   def _slowed(self) -> None:
     """Counts the compute since `mark`; sleeps what is left of the modelled time."""
-    self.computed += time.perf_counter() - self.mark
-    if self.target is not None and self.target > self.computed:
-      time.sleep(self.target - self.computed)
-      self.computed = self.target
+    self.computed = base.slowed(self.computed + time.perf_counter() - self.mark, self.target)
     self.target = None
 
   def collective(self, op: str, key: tuple, worker: int, leaves: list):
-    """A collective of this worker's step (from its host callback): at the exchange."""
+    """A collective of this worker's step (from its host callback): at the
+    exchange; in its untimed first run, answered here (`unmet`)."""
+    if self.alone:
+      return unmet(op, worker, self.m, leaves)
     self._slowed()
     result = self.meet(op, key, worker, leaves)
     self.mark = time.perf_counter()
@@ -112,35 +116,62 @@ class SplitWorker:
     """Its batch at step t, padded to a multiple of PAD_TO, and its weights."""
     return self.streams.padded_batch(self.w, t, padded_size(self.streams.size(self.w, t)))
 
+  def _on_device(self, fields: dict, weights: np.ndarray, t: int) -> Batch:
+    return jax.device_put(Batch(fields, weights, np.array([self.w, t], np.int32)),
+                          self.device)
+
+  def ready(self, t: int) -> float:
+    """Makes its step for its batch size at step t ready to be timed: if that
+    size is new, compiles its step and runs it once on a batch of zeros, its
+    collectives answered here and its result dropped. A step's first run
+    after its compile is not a steady one (the cnn's, three workers on two
+    cores: 0.105-0.178 s against 0.034; a small mlp's alone: 5-40 ms
+    against 1.5): it is never a batch time. The seconds it took (0 if
+    ready)."""
+    padded = padded_size(self.streams.size(self.w, t))
+    if padded in self.compiled:
+      return 0.0
+    start = time.perf_counter()
+    fields = {k: np.zeros((padded, *shape), dtype) for k, (shape, dtype) in self.fields.items()}
+    batch = self._on_device(fields, np.zeros(padded, np.float32), t)
+    compiled = self.jitted.lower(self.state, batch, np.int32(t)).compile()
+    self.compiling += time.perf_counter() - start
+    self.alone = True
+    try:
+      jax.block_until_ready(compiled(self.state, batch, np.int32(t)))
+    finally:
+      self.alone = False
+    self.compiled[padded], self.first_runs = compiled, self.first_runs + 1
+    return time.perf_counter() - start
+
   def step(self, t: int, batch=None) -> tuple[dict, float, float]:
     """Takes step t with the others, on its `padded_batch` (None: read now):
     (its metric shares, its batch's seconds: the step's less those spent in
-    collectives, emulated time included, compiling excluded; its seconds
-    compiling a step for a new batch size). A batch it reads itself is read
-    inside its modelled time, as a prefetching input pipeline's would be."""
+    collectives, emulated time included; its seconds making a step for a new
+    batch size `ready`, outside its batch's, 0 where the engine made it ready
+    before the step). A batch it reads itself is read inside its modelled
+    time, as a prefetching input pipeline's would be."""
     begun = time.perf_counter()
     fields, weights = self.padded_batch(t) if batch is None else batch
     reading = time.perf_counter() - begun
-    b, padded = self.streams.size(self.w, t), len(weights)
-    batch = jax.device_put(Batch(fields, weights, np.array([self.w, t], np.int32)),
-                           self.device)
-    compiling = 0.0
-    if padded not in self.compiled:  # compiled before the clock starts
-      start = time.perf_counter()
-      self.compiled[padded] = self.jitted.lower(self.state, batch, np.int32(t)).compile()
-      compiling = time.perf_counter() - start
-      self.compiling += compiling
+    readying = self.ready(t)
+    batch = self._on_device(fields, weights, t)
     if self.cost is not None:
+      b = self.streams.size(self.w, t)
       self.target = self.cost.compute_time(self.w, t) * b / self.static
     self.computed, self.mark = 0.0, time.perf_counter() - reading
-    self.state, metrics = self.compiled[padded](self.state, batch, np.int32(t))
+    self.state, metrics = self.compiled[len(weights)](self.state, batch, np.int32(t))
     jax.block_until_ready(self.state)
     self._slowed()
-    return jax.device_get(metrics), self.computed, compiling
+    return jax.device_get(metrics), self.computed, readying
 
   def compile_seconds(self) -> float:
     """Seconds it spent compiling its steps (one per padded batch size)."""
     return self.compiling
+
+  def untimed_runs(self) -> int:
+    """Its runs left out of its batch times: one per compiled step (`ready`)."""
+    return self.first_runs
 
   def get_state(self):
     return jax.device_get(self.state)
@@ -149,13 +180,15 @@ class SplitWorker:
 class SplitRun:
   """Drives M `SplitWorker`s one synchronous step at a time: feeds their
   measured batch times to the partition policy and hands them each new split
-  before the step it starts at. The trace holds each step's end, each
-  worker's idle time before it ("wait") and each split ("partition"), on a
-  clock of the steps' wall times (seconds compiling a new batch size's step
-  excluded, as the evaluations between steps). An engine sets `algorithm`,
-  `problem`, `streams`, `num_workers`, `name` and calls `_begin_split`, and
-  gives `_all(method, *args)` (every worker's reply, in worker order) and
-  `_reduce_seconds()`."""
+  before the step it starts at. Every batch time is a steady one: before
+  the first step and each split, every worker makes its step for its size
+  ready (compiled and run once, `SplitWorker.ready`), none timed meanwhile.
+  The trace holds each step's end, each worker's idle time before it
+  ("wait") and each split ("partition"), on a clock of the steps' wall
+  times (readying excluded, as the evaluations between steps). An engine
+  sets `algorithm`, `problem`, `streams`, `num_workers`, `name` and calls
+  `_begin_split`, and gives `_all(method, *args)` (every worker's reply, in
+  worker order) and `_reduce_seconds()`."""
   shapes = (Collective,)
 
   def _begin_split(self, config, total_steps: int, reduce: str) -> None:
@@ -166,7 +199,7 @@ class SplitRun:
     self.cadence = Cadence.of(config, self.streams.steps_per_epoch, total_steps)
     self.events: list[trace.Event] = []
     self.seconds: list[list[float]] = [[] for _ in range(self.num_workers)]
-    self.begun, self.clock = False, 0.0  # the steps' seconds so far, compiling excluded
+    self.begun, self.clock = False, 0.0  # the steps' seconds so far, readying excluded
     self.ahead = False  # whether the next step began as the last ended (`_runs_ahead`)
     self.ended: float | None = None  # when the last step's replies were in, if so
 
@@ -194,20 +227,22 @@ class SplitRun:
       self.begun = True
       if step:  # from a checkpoint's state; the policy starts again from the static split
         self._all("begin", state)
+      self._all("ready", step)  # all compiled and run once before any is timed
     begin = time.perf_counter() if self.ended is None else self.ended
     replies = self._step_all(step)
-    # The step's time, less the longest compile in it (the others waited for it):
-    # from its call, or from the last step's end where it began then.
+    # The step's time, less the longest readying in it (none: the steps are
+    # made ready between steps): from its call, or from the last step's end
+    # where it began then.
     end = time.perf_counter()
     took = end - begin - max(r[2] for r in replies)
     self.ended = end if self.ahead else None
     self.clock += took
     seconds = [float(r[1]) for r in replies]
-    for w, s in enumerate(seconds):  # idle: the step's time less its own batch's
+    for w, s in enumerate(seconds):
       self.seconds[w].append(s)
-      self.events.append(trace.Event(self.clock, "wait", w, iteration=step,
-                                     duration=max(0.0, took - s)))
-    self.events.append(trace.Event(self.clock, "step", -1, step))
+    # idle: the step's time less its own batch's
+    self.events += base.synchronous_events(self.clock, step,
+                                           [max(0.0, took - s) for s in seconds])
     # (no split after the last step: none would take it)
     sizes = self.partitioner.observe(seconds) if step + 1 < self.total_steps else None
     if sizes is not None:
@@ -215,6 +250,7 @@ class SplitRun:
       self.events.append(trace.Event(self.clock, "partition", -1, iteration=step + 1,
                                      sizes=sizes))
       self._all("repartition", self.changes)
+      self._all("ready", step + 1)  # a new size: compiled and run once, untimed
     metrics = {k: sum(float(r[0][k]) for r in replies) for k in replies[0][0]}
     return (self._state() if self.cadence.observes(step + 1) else state), metrics
 
@@ -224,15 +260,18 @@ class SplitRun:
   def split_figures(self, devices: int, processes: int) -> dict[str, Any]:
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
                            devices=devices, workers_per_device=1, processes=processes),
-            **base.trace_figures(self.events, self.num_workers, None),
+            # (trace_time_s: the steps' seconds, without readying or evaluating)
+            **base.synchronous_figures(self.algorithm, self.problem, self.num_workers,
+                                       self.events, self.total_steps),
             **trace.batch_time_figures(self.seconds),
-            # the trace's clock: the steps' seconds, without compiling or evaluating
-            "trace_time_s": self.clock,
             # where the collectives summed, and the seconds it took (copies included)
             "reduce": self.reduce, "reduce_s": self._reduce_seconds(),
             # each worker's seconds compiling its steps, one per padded batch size
             # (outside its batch times; the others wait for it at the exchange)
-            "compile_s_per_worker": self._all("compile_seconds")}
+            "compile_s_per_worker": self._all("compile_seconds"),
+            # each worker's runs left out of its batch times: a compiled
+            # step's first, run before the step it is for (`SplitWorker.ready`)
+            "untimed_runs_per_worker": self._all("untimed_runs")}
 
   def report(self, state) -> dict[str, float]:
     return {}
@@ -273,7 +312,6 @@ class MeshSplit(SplitRun, base.LocalProcess):
   name = "mesh"
 
   def __init__(self, algorithm, problem, streams, config, total_steps: int):
-    from jaxdl.engines.host_axis import Exchange
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = m = streams.num_workers
     reduce = config.distributed.reduce

@@ -35,21 +35,20 @@ def test_one_inner_step_of_plain_sgd_and_outer_lr_one_is_bsp():
   assert max(jax.tree.leaves(distance)) > 1e-3
 
 
-def _two_workers(outer_name, outer_lr, outer_momentum, theta, workers, shares, steps=2,
+def _outer_steps(outer_name, outer_lr, outer_momentum, theta, workers, shares, steps=2,
                  compress=None):
-  """`steps` outer steps of two vmapped workers; worker params `workers[s]` at step s
-  (`compress`: a --compress value for their outer gradients)."""
+  """`steps` outer steps of len(shares) vmapped workers; worker params
+  `workers[s]` at step s (`compress`: a --compress value for their outer
+  gradients)."""
   from jaxdl.algorithms import compression
   settings = diloco.DiLoCoSettings(outer_optimizer=outer_name, outer_lr=outer_lr,
                                    outer_momentum=outer_momentum)
   outer = settings.outer()
-  axis = WorkerAxis(2, local="w")
-  theta = jnp.asarray(theta, jnp.float32)
+  axis = WorkerAxis(len(shares), local="w")
+  thetas = jnp.stack([jnp.asarray(theta, jnp.float32)] * len(shares))
   transform = compression.compression(compress or "none")
-  state = diloco.DiLoCoState(TrainState(jnp.stack([theta, theta]), (), ()),
-                             jnp.stack([theta, theta]),
-                             jax.vmap(outer.init)(jnp.stack([theta, theta])),
-                             jax.vmap(transform.init)(jnp.stack([theta, theta])))
+  state = diloco.DiLoCoState(TrainState(thetas, (), ()), thetas, jax.vmap(outer.init)(thetas),
+                             jax.vmap(transform.init)(thetas))
   send = transform.update if compress else None
   step = jax.vmap(lambda s, share: diloco.outer_step(outer, s, share, axis, send),
                   axis_name="w")
@@ -72,7 +71,7 @@ def test_compressed_outer_gradients_with_error_feedback_by_hand():
   worker sends the larger coordinate of theta - theta_m + e_m and keeps the
   other in e_m; Delta is the sent messages' weighted sum."""
   workers = [[[0.5, 1.0], [0.0, 3.5]], [[0.0, 0.0], [-1.0, 4.0]]]
-  first, second = _two_workers("sgd", 1.0, 0.0, THETA, workers, SHARES, compress="topk:0.5")
+  first, second = _outer_steps("sgd", 1.0, 0.0, THETA, workers, SHARES, compress="topk:0.5")
   # step 1: theta - theta_m = [0.5, 1], [1, -1.5]: sent [0, 1], [0, -1.5]; e = [0.5, 0],
   # [1, 0]; Delta = 0.25 [0, 1] + 0.75 [0, -1.5] = [0, -0.875]
   np.testing.assert_allclose(first.outer_params[0], [1.0, 2.875], rtol=1e-6)
@@ -84,7 +83,7 @@ def test_compressed_outer_gradients_with_error_feedback_by_hand():
 
 
 def test_the_outer_step_is_nesterov_on_the_weighted_delta_by_hand():
-  first, second = _two_workers("nesterov", 0.7, 0.9, THETA, WORKERS, SHARES)
+  first, second = _outer_steps("nesterov", 0.7, 0.9, THETA, WORKERS, SHARES)
   # step 1: mean = 0.25 [0.5, 1] + 0.75 [0, 3] = [0.125, 2.5]; Delta = [0.875, -0.5];
   # m = Delta; theta <- theta - 0.7 (Delta + 0.9 m) = theta - 1.33 Delta
   np.testing.assert_allclose(first.outer_params[0], [-0.16375, 2.665], rtol=1e-6)
@@ -102,7 +101,7 @@ def test_the_outer_step_is_nesterov_on_the_weighted_delta_by_hand():
     ("adam", optax.adam(0.7, b1=0.9)),
 ])
 def test_the_outer_optimizer_is_optax_on_the_delta(name, reference):
-  history = _two_workers(name, 0.7, 0.9, THETA, WORKERS, SHARES)
+  history = _outer_steps(name, 0.7, 0.9, THETA, WORKERS, SHARES)
   theta, opt_state = jnp.asarray(THETA), reference.init(jnp.asarray(THETA))
   for models, state in zip(WORKERS, history):
     delta = theta - (SHARES[0] * jnp.asarray(models[0]) + SHARES[1] * jnp.asarray(models[1]))
@@ -110,6 +109,35 @@ def test_the_outer_optimizer_is_optax_on_the_delta(name, reference):
     theta = optax.apply_updates(theta, updates)
     np.testing.assert_allclose(state.outer_params[0], theta, rtol=1e-6)
     np.testing.assert_allclose(state.outer_params[1], theta, rtol=1e-6)
+
+
+def engine_shares(num_workers: int, batch_size: int = 16) -> list:
+  """Each worker's b_m / B as a step computes it: the float32 sum of its
+  examples' weights 1 / B (not 1 / M exactly: 0.20000003 at 5 workers)."""
+  weight = np.float32(1) / np.float32(num_workers * batch_size)
+  return [float(jnp.sum(jnp.full(batch_size, weight)))] * num_workers
+
+
+@pytest.mark.parametrize("outer_name", list(diloco.OUTER_OPTIMIZERS))
+@pytest.mark.parametrize("num_workers", [3, 5, 6, 7])
+def test_a_coordinate_that_no_worker_moved_stays_bit_for_bit(num_workers, outer_name):
+  """Delta is exactly 0 where every worker left theta as it was, whatever the
+  outer optimizer. (theta minus the weighted sum of the models was an ulp
+  off there for about 30% of values at 3 workers, which adam turned into a
+  step of up to 0.8 x the outer lr.)"""
+  rng = np.random.default_rng(num_workers)
+  theta = rng.standard_normal(4096).astype(np.float32)
+  untouched = rng.random(4096) < 0.5
+  workers = [np.where(untouched, theta, rng.standard_normal((num_workers, 4096)))
+             for _ in range(3)]  # three outer steps' models: theta moved elsewhere
+  history = _outer_steps(outer_name, 0.7, 0.9, theta, workers, engine_shares(num_workers),
+                         steps=3)
+  for state in history:
+    for leaf in (state.outer_params, state.inner.params):
+      np.testing.assert_array_equal(np.asarray(leaf)[:, untouched],
+                                    np.broadcast_to(theta[untouched], (num_workers,
+                                                                       untouched.sum())))
+  assert (np.asarray(history[-1].outer_params)[0, ~untouched] != theta[~untouched]).all()
 
 
 def test_the_outer_state_is_the_same_on_every_worker_and_inner_states_are_their_own():

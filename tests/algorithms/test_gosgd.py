@@ -68,3 +68,23 @@ def test_the_evaluated_model_is_the_weighted_mean_even_with_weight_in_flight():
                                np.array([0.375, 0.125], np.float32))
   params, stats = gosgd.evaluated(workers)
   assert float(params["w"]) == 2.0 and float(stats["bn"]) == 3.0
+
+
+def test_a_merge_keeps_what_both_models_agree_on_bit_for_bit():
+  """Where the message's model equals the receiver's, the merge leaves the
+  receiver's as it is, for the weights gossip gives 3 workers; elsewhere it
+  is the weighted mean. ((a_k x + a_m x) / (a_k + a_m) was another value for
+  30% of these x at a_k = 1/3, a_m = 1/6.)"""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal(4096).astype(np.float32)
+  agree = rng.random(4096) < 0.5
+  other = np.where(agree, x, rng.standard_normal(4096).astype(np.float32))
+  third = np.float32(1) / np.float32(3)
+  for a_k, a_m in [(third, third), (third / 4, third), (third + third / 4, third / 2)]:
+    _, message = gosgd.send(PLAIN, _worker(other, other, a_m), 0)  # a_m / 2 travels
+    merged = gosgd.receive(PLAIN, _worker(x, x, a_k), message)
+    for leaf in (merged.params["w"], merged.model_state["bn"]):
+      np.testing.assert_array_equal(np.asarray(leaf)[agree], x[agree])
+      part = np.float64(a_m / 2) / (np.float64(a_k) + np.float64(a_m / 2))
+      np.testing.assert_allclose(np.asarray(leaf), x + part * (other - np.float64(x)),
+                                 rtol=1e-6, atol=1e-6)

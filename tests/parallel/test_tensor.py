@@ -104,9 +104,9 @@ def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model,
   dims = leaf_dims(model, _params(model), split._worker_shapes)
   leaves = jax.tree.leaves(state.workers)
   split_leaves = [x for x, d in zip(leaves, jax.tree.leaves(dims)) if d >= 0]
-  # every split parameter, and its momentum as well (diloco: theta and its
-  # outer momentum too)
-  copies = 4 if algorithm == "diloco" else 2
+  # every split parameter, and its momentum as well (local_sgd: the reference
+  # its averages are differences from; diloco: theta and its outer momentum)
+  copies = {"local_sgd": 3, "diloco": 4}.get(algorithm, 2)
   assert len(split_leaves) == copies * len(split_dims(model, _params(model)))
   assert all(TENSOR_AXIS in str(x.sharding.spec) for x in split_leaves)
   memory = [e.figures()["memory_per_device_bytes"]["arguments"] for e in (split, whole)]

@@ -32,7 +32,7 @@ from jaxdl.algorithms.shapes import has_server
 from jaxdl.config import policy
 from jaxdl.data import SlicedStreams, Streams
 from jaxdl.engines import base
-from jaxdl.engines.events import EventReplay, initial_state
+from jaxdl.engines.events import EventReplay, check_servers, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import CHUNK_ROWS, handlers
@@ -239,6 +239,7 @@ class SimEngine(base.LocalProcess):
     (handlers.CHUNK_ROWS; the bits of one op of them all, for the mlp)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
+    check_servers(algorithm, config.cluster.servers)
     if config.output.replay:
       self.events = read_replay(config.output.replay, algorithm, self.num_workers)
       self.bytes_total, self.batch_seconds = None, ()
