@@ -21,6 +21,13 @@ import typing
 from typing import Any
 
 from jaxdl.errors import ConfigError
+from jaxdl.registry import Registry
+
+
+SETTINGS: Registry[type[Settings]] = Registry("algorithm")
+"""Each registered algorithm's settings class, by the algorithm's name: the
+run config's schema for the algorithm's own fields (kept by
+jaxdl.algorithms.ALGORITHMS as algorithms are registered)."""
 
 
 def setting(default: Any, *, symbol: str | None = None) -> Any:
@@ -105,3 +112,12 @@ def field_docs(cls: type) -> dict[str, str]:
           and isinstance(following.value.value, str)):
         docs[node.target.id] = " ".join(following.value.value.split())
   return docs
+
+
+def owners() -> dict[str, list[str]]:
+  """Each setting's name -> the algorithms that declare it, in registry order."""
+  found: dict[str, list[str]] = {}
+  for name in SETTINGS:
+    for field in dataclasses.fields(SETTINGS.get(name)):
+      found.setdefault(field.name, []).append(name)
+  return found

@@ -25,7 +25,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
+from jaxdl import distributed
 from jaxdl.engines import base
+from jaxdl.engines.base import split_workers  # noqa
+from jaxdl.engines.split import MeshSplit
 from jaxdl.errors import ConfigError
 from jaxdl.parallel.pipeline import STAGE_AXIS
 from jaxdl.parallel.tensor import TENSOR_AXIS, dim_spec, indivisible, leaf_dims
@@ -76,6 +79,24 @@ class MeshEngine(base.LocalProcess):
   """Runs a collective algorithm's step for all workers as one SPMD program."""
   name = "mesh"
   shapes = (Collective,)
+  deterministic, simulated = True, False
+  own_fields = {
+      "worker_devices": "it places each synchronous worker on a device of this process",
+      "parallelism": "a worker's model over several devices: its stages or its layers' splits",
+  }
+  placement = frozenset({"worker_devices"})
+
+  @classmethod
+  def check(cls, config, spec) -> None:
+    base.check_emulation(cls, config)
+    base.check_reduce(config, spec, own_programs=True)
+    if config.distributed.worker_devices is not None:  # each names a device of this process
+      distributed.worker_devices(config.distributed.worker_devices, config.algorithm.workers)
+    parallelism = config.model.parallelism
+    if parallelism != "data" and (split_workers(config) or config.algorithm.sync_bn):
+      raise ConfigError("parallelism", parallelism, "data with --partition, --compute-time, "
+                        "--worker-devices or --sync-bn (a model over several devices is one "
+                        "SPMD program)")
 
   # Steps dispatched ahead of the host; bounded because many collectives in
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
@@ -83,10 +104,8 @@ class MeshEngine(base.LocalProcess):
 
   def __new__(cls, algorithm: Collective, problem: Problem, streams: Streams, config=None,
               *args, **kwargs):
-    from jaxdl.config import split_workers
     if config is not None and split_workers(config):
       # each worker its own program, on its own share and device (jaxdl.engines.split)
-      from jaxdl.engines.split import MeshSplit
       return MeshSplit(algorithm, problem, streams, config, *args, **kwargs)
     return super().__new__(cls)
 

@@ -35,8 +35,9 @@ import numpy as np
 from jaxdl import trace
 from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, Gossip, Problem,
                               Shape)
+from jaxdl.algorithms import names_of
 from jaxdl.algorithms.shapes import has_server
-from jaxdl.build import Cadence
+from jaxdl.cadence import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base, ray_cluster
 from jaxdl.engines.events import check_servers, take
@@ -166,12 +167,27 @@ class RayEngine(_RayRun):
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
   worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
   shapes = (Collective, Centralized, Elastic, Gossip, Decentralized)
+  deterministic, simulated = False, False
+  own_fields = {
+      "ray_address": "the Ray cluster its processes run on",
+      "pin_workers": "it pins each worker process to cores of its own",
+  }
+  placement = frozenset({"pin_workers"})
+
+  @classmethod
+  def check(cls, config, spec) -> None:
+    servers = config.cluster.servers
+    if servers != 1 and spec.shape is not Centralized:
+      raise ConfigError("servers", servers, f"1 with --engine {cls.name} for {spec.name}, "
+                        "whose center is one actor (a parameter server's splits: "
+                        f"{names_of(Centralized)})")
+    base.check_emulation(cls, config)
+    base.check_reduce(config, spec, own_programs=True)
 
   def __new__(cls, algorithm: Shape, problem: Problem, streams: Streams, config, *args,
               **kwargs):
     if isinstance(algorithm, Collective):
-      from jaxdl.config import split_workers
-      run = RaySplit if split_workers(config) else RayCollective
+      run = RaySplit if base.split_workers(config) else RayCollective
       return run(algorithm, problem, streams, config, *args, **kwargs)
     return super().__new__(cls)
 
