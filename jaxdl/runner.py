@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxdl import distributed, rundir, trace
 from jaxdl.build import Setup, assemble, build_task, prepare, resolve_task
@@ -220,7 +221,6 @@ class _Training:
     return self.wall_offset + time.perf_counter() - self.t0
 
   def run(self) -> dict[str, Any]:
-    from tqdm.auto import tqdm
     s = self.s
     self.t0 = time.perf_counter()
     bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,

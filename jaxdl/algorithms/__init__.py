@@ -8,8 +8,10 @@ derive from the registry.
 """
 from __future__ import annotations
 
-from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, diloco, easgd,
-                              gosgd, lc_asgd, local_sgd)
+import dataclasses
+
+from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, diloco, easgd, gosgd,
+                              lc_asgd, local_sgd)
 from jaxdl.algorithms.base import AlgorithmSpec, Batch, Problem, TrainState
 from jaxdl.algorithms.collectives import WorkerAxis
 from jaxdl.algorithms.shapes import (SHAPES, Centralized, Collective, Decentralized, Elastic,
@@ -91,7 +93,6 @@ def build(spec: AlgorithmSpec, settings, problem: Problem, num_workers: int,
 
 def settings_owners() -> dict[str, list[AlgorithmSpec]]:
   """Each setting's name -> the algorithms that declare it, in registry order."""
-  import dataclasses
   owners: dict[str, list[AlgorithmSpec]] = {}
   for name in ALGORITHMS:
     spec = ALGORITHMS.get(name)

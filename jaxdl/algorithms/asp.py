@@ -45,6 +45,7 @@ from jaxdl.algorithms import compression
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, server_evaluated
 from jaxdl.algorithms.shapes import Centralized
 from jaxdl.errors import ConfigError
+from jaxdl.optim import LR, MOMENTUM
 from jaxdl.settings import Settings, require, setting
 
 
@@ -177,7 +178,6 @@ def staleness_defaults(num_workers: int) -> dict:
   DC-ASGD and LC-ASGD reach >= 0.91 on digits at 4, 8 and 16 workers, where
   lr 0.05 with momentum 0.9 diverged (bench/defaults.py, BENCHMARKS.md).
   """
-  from jaxdl.optim import LR, MOMENTUM
   return {"lr": LR / math.sqrt(num_workers),
           "momentum": max(0.0, MOMENTUM - (1.0 - 1.0 / num_workers))}
 

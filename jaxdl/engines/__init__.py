@@ -66,4 +66,5 @@ def check(name: str, config: RunConfig, spec: AlgorithmSpec) -> None:
   engine.check(config, spec)
 
 
-__all__ = ["ENGINES", "Engine", "MeshEngine", "RayEngine", "SimEngine", "check", "choose", "engines_for"]
+__all__ = ["ENGINES", "Engine", "MeshEngine", "RayEngine", "SimEngine", "check", "choose",
+           "engines_for"]

@@ -21,16 +21,17 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxdl import distributed
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
-from jaxdl import distributed
 from jaxdl.engines import base
-from jaxdl.engines.base import split_workers  # noqa
+from jaxdl.engines.base import split_workers
 from jaxdl.engines.split import MeshSplit
 from jaxdl.errors import ConfigError
-from jaxdl.parallel.pipeline import STAGE_AXIS
+from jaxdl.parallel.pipeline import STAGE_AXIS, bubble_fraction, stage_seconds
 from jaxdl.parallel.tensor import TENSOR_AXIS, dim_spec, indivisible, leaf_dims
 from jaxdl.trace import Event
 
@@ -51,7 +52,6 @@ def outside_persistent_cache():
   afresh it never did (0 of 28): a pipelined engine compiles its step here.
   (JAX reads the flag once per process, hence the resets; a compile in
   another thread meanwhile skips the cache too.)"""
-  from jax.experimental.compilation_cache.compilation_cache import reset_cache
   enabled = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   reset_cache()
@@ -303,7 +303,6 @@ class MeshEngine(base.LocalProcess):
     if self.tensor > 1:
       figures["tensor_parallel"] = self.tensor
     if self.stages > 1:
-      from jaxdl.parallel.pipeline import bubble_fraction
       figures.update(stages=self.stages, microbatches=self.microbatches,
                      bubble_fraction_ideal=bubble_fraction(self.stages, self.microbatches),
                      **self._busy_figures())
@@ -320,7 +319,6 @@ class MeshEngine(base.LocalProcess):
     times = [e.time for e in self._events if e.kind == "step"]
     if len(times) < 4:  # too few steps to time one
       return {}
-    from jaxdl.parallel.pipeline import stage_seconds
     step_s = float(np.median(np.diff(times[2:])))
     work = stage_seconds(self.problem.task.stages, self.microbatches,
                          self.streams.batch_sizes[0] // self.microbatches,

@@ -32,6 +32,7 @@ from jaxdl.cadence import Cadence
 from jaxdl.engines import base
 from jaxdl.engines.events import initial_state, stack, take
 from jaxdl.engines.host_axis import Exchange, HostAxis, unmet
+from jaxdl.engines.sim import cost_model
 from jaxdl.errors import ConfigError
 from jaxdl.partition import Partitioner, Partitions, Policy
 
@@ -62,7 +63,6 @@ class SplitWorker:
 
   def __init__(self, config, algorithm, problem, streams, worker: int, meet: Callable,
                device=None):
-    from jaxdl.engines.sim import cost_model
     self.w, self.streams, self.algorithm = worker, streams, algorithm
     self.m = streams.num_workers
     self.static = streams.batch_sizes[worker]  # the size the modelled times are for

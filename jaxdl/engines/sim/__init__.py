@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import xla_bridge
 
 from jaxdl import cluster, trace
 from jaxdl.algorithms import (SHAPES, Centralized, Collective, Decentralized, Elastic, Gossip,
@@ -35,8 +36,8 @@ from jaxdl.engines.events import EventReplay, check_servers, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import CHUNK_ROWS, handlers
-from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable,
-                                     metric_names, trace_gradient)
+from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable, metric_names,
+                                      trace_gradient)
 from jaxdl.errors import ConfigError
 from jaxdl.partition import Partitioner, Partitions, Policy
 
@@ -205,7 +206,6 @@ def compute_as_recorded(path: str) -> str | None:
   if recorded >= len(cores):
     return None
   try:  # (no public way to ask whether jax has started)
-    from jax._src import xla_bridge
     started = xla_bridge.backends_are_initialized()
   except (ImportError, AttributeError):
     started = True  # unknown: warn rather than change what may be too late to change
