@@ -46,7 +46,7 @@ from jaxdl.algorithms.base import AlgorithmSpec, Problem, server_evaluated
 from jaxdl.algorithms.shapes import Centralized
 from jaxdl.errors import ConfigError
 from jaxdl.optim import LR, MOMENTUM
-from jaxdl.settings import Settings, require, setting
+from jaxdl.settings import Settings, at_least, setting
 
 
 class ServerState(NamedTuple):
@@ -198,12 +198,9 @@ def build_asp(settings: Settings, problem: Problem, num_workers: int) -> Central
 
 @dataclasses.dataclass(frozen=True)
 class SSPSettings(Settings):
-  staleness_bound: int = setting(3, symbol="s")
+  staleness_bound: int = setting(3, symbol="s", allowed=at_least(
+      0, note="iterations the fastest worker may lead"))
   """SSP's bound s: a worker may start iteration c once the slowest has finished c - s."""
-
-  def validate(self) -> None:
-    require("staleness_bound", self.staleness_bound, self.staleness_bound >= 0,
-            "an integer >= 0 (iterations the fastest worker may lead)")
 
 
 def build_ssp(settings: SSPSettings, problem: Problem, num_workers: int) -> Centralized:
