@@ -13,11 +13,12 @@ from jaxdl.algorithms import ALGORITHMS
 from jaxdl.config import RunConfig
 from jaxdl.engines import ENGINES, engines_for
 from tests.helpers import make_engine, train
+from tests import marks
 
 # A real engine's case costs its processes' start-up: asp's runs by default,
 # the others with the slow end-to-end cases.
 CASES = [(name, engine) if ENGINES.get(engine).deterministic or name == "asp"
-         else pytest.param(name, engine, marks=pytest.mark.slow)
+         else marks.slow(name, engine)
          for name in ALGORITHMS for engine in engines_for(ALGORITHMS.get(name).shape)]
 STEPS = 30
 
