@@ -40,8 +40,19 @@ def default_out(config: RunConfig) -> Path:
 
 def setup(config: RunConfig, streams: Streams | None = None, task: Task | None = None) -> Setup:
   """Validates `config` and builds its task (`task`, or the config's dataset
-  and model), data streams, algorithm and engine; writes nothing. `streams`
-  replaces the task's data streams (tests)."""
+  and model), data streams, algorithm and engine; writes nothing.
+
+  Args:
+    config: the run's config.
+    streams: every worker's data stream, in place of the task's (tests).
+    task: a script's own task, in place of --dataset and --model.
+
+  Returns:
+    The Setup, with its engine (close it when done: `Engine.close`).
+
+  Raises:
+    ConfigError: the first field the validation refuses.
+  """
   return _with_engine(prepare(config, streams, task))
 
 
@@ -111,9 +122,19 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   `divergence`) stops and returns, without raising, a summary whose
   ``"status"`` is ``"diverged"`` (else ``"completed"``).
 
-  `task`: a script's own `jaxdl.Task` (model, loss, data, evaluation) in
-  place of --dataset and --model, which then name it ``task:NAME``; a
-  resume passes the same task again.
+  Args:
+    config: the run's config (None: the defaults).
+    task: a script's own `jaxdl.Task` (model, loss, data, evaluation) in
+      place of --dataset and --model, which then name it ``task:NAME``; a
+      resume passes the same task again.
+    announce: called with the run directory once the config is accepted.
+    **overrides: flat fields replacing `config`'s (``lr=0.1``).
+
+  Returns:
+    The summary (summary.json's content).
+
+  Raises:
+    ConfigError: bad input, before anything is written.
   """
   config, task = resolve_task((config or RunConfig()).replace(**overrides), task)
   plan = validate(config)

@@ -40,6 +40,14 @@ class Engine(Protocol):
   collective algorithm; for an asynchronous one, the updates of whichever
   workers process that many.
 
+  Args (of the constructor):
+    algorithm: the shape record of pure functions to run (jaxdl.algorithms.shapes).
+    problem: the task and the optax rule (jaxdl.algorithms.Problem).
+    streams: every worker's batches (jaxdl.data.Streams).
+    config: the run's validated RunConfig, of which it reads the fields it
+      declares (`own_fields`, and those its `check` conditions).
+    total_steps: how many steps the run takes.
+
   The rules every engine of asynchronous algorithms follows (the sim
   engine's reference loops in tests/engines/test_reference_loops.py define
   them): every worker keeps working until the run's global budget is spent
