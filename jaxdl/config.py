@@ -471,7 +471,7 @@ EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
 """Those that the real engines (mesh, ray) emulate for every algorithm they
 run: each worker sleeps until its batch has taken the simulator's modelled
 time, if its compute took less (jaxdl.engines.split.SplitWorker,
-jaxdl.engines.ray_actors)."""
+jaxdl.engines.ray_process)."""
 
 
 def _check_unemulated(config: RunConfig, engine: str) -> None:
