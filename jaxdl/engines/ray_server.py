@@ -3,9 +3,8 @@ ssp, dc_asgd, lc_asgd.
 
 The server applies every push on arrival, in the order pushes really
 arrive, and under SSP holds a worker's pull until the slowest clock allows
-it. A worker pulls, computes its gradient on what it pulled and pushes; it
-keeps its state between iterations, so each message carries only the
-leaves the other end reads.
+it. A worker pulls, computes its gradient on what it pulled and pushes,
+keeping its state between iterations (`Server`: what each message carries).
 
 A worker whose process dies is restarted by Ray: it pulls again at its
 clock (its in-flight iteration is dropped), sent its whole state (the

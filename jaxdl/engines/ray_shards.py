@@ -2,9 +2,9 @@
 `ShardedServer` keeps the order, `Shard` holds its leaves of every state,
 `ShardedWorker` sends to and fetches from the shards directly.
 
-The order is the unsharded server's (`jaxdl.engines.ray_server`): each
-shard applies its own leaves of every push, in the order pushes arrive at
-the `ShardedServer` (`jaxdl.engines.shards`: which leaves are whose).
+Each shard applies its own leaves of every push (`jaxdl.engines.shards`:
+which leaves are whose) in the order the `ShardedServer` grants them, the
+order in which the pushes arrive, as on one server (`jaxdl.engines.ray_server`).
 """
 from __future__ import annotations
 
