@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jaxdl import labels, rundir
-from jaxdl.cluster import is_profile
-from jaxdl.config import (EMULATED, EMULATING_ENGINES, RUN_CONTROL_FIELDS, SIMULATED_ONLY,
-                          RunConfig, check_numbers)
+from jaxdl.cluster import EMULATED, MODELLED, is_profile
+from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig
+from jaxdl.validation import check_numbers
 from jaxdl.errors import ConfigError, flag
 from jaxdl.shutdown import exit_within
 
@@ -76,8 +76,8 @@ def _one_worker(algorithm: str) -> bool:
 
 def section_fields(run: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
   """The shared run fields that are not an algorithm's settings."""
-  from jaxdl.config import _field_owner
-  owner = _field_owner()
+  from jaxdl.config import field_owner
+  owner = field_owner()
   return {k: v for k, v in run if k in owner}
 
 
@@ -352,8 +352,8 @@ def _per_cell(field: str) -> str:
 
 def passed_on() -> str:
   """What compare's --help says of the `jaxdl run` flags."""
-  from jaxdl.config import _field_owner
-  shared = [flag(f) for f in _field_owner() if f not in PER_CELL]
+  from jaxdl.config import field_owner
+  shared = [flag(f) for f in field_owner() if f not in PER_CELL]
   per_cell = [f"{flag(f)} ({_per_cell(f)})" for f in PER_CELL]
   return (f"Run flags passed on to every cell (see `jaxdl run --help`): {', '.join(shared)}; "
           "and each algorithm's settings (e.g. --dc-lambda), to the cells whose algorithm "
@@ -407,10 +407,11 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
     # (the real engines emulate the compute times of an emulated grid, or of
     # a grid of synchronous algorithms; those given here are kept in any case)
     from jaxdl.algorithms import ALGORITHMS, Collective
-    emulated = EMULATED if engine in EMULATING_ENGINES and (grid.emulated or all(
+    from jaxdl.engines import ENGINES
+    emulated = EMULATED if not ENGINES.get(engine).simulated and (grid.emulated or all(
         ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants)) else ()
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run
-                                  if k not in SIMULATED_ONLY or k in run_flags or k in emulated))
+                                  if k not in MODELLED or k in run_flags or k in emulated))
   return grid
 
 
@@ -445,7 +446,7 @@ def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[
   cannot run, with why. An error in a shared setting is raised: no cell could
   run. With `args` (the command line's), the first bad cell is raised too,
   named by compare's own flag."""
-  from jaxdl.config import validate
+  from jaxdl.validation import validate
   from jaxdl.algorithms import settings_owners
   per_cell = {"algorithm", "workers", "network", *settings_owners()}
   invalid = {}

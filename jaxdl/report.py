@@ -36,7 +36,8 @@ import tyro
 from jaxdl import labels, rundir, trace
 from jaxdl.plots import ratio, write_all
 from jaxdl.compare import CELLS_FILE, GRID_FILE
-from jaxdl.config import FILE_RECORDS, check_target
+from jaxdl.config import FILE_RECORDS
+from jaxdl.validation import check_target
 from jaxdl.errors import ConfigError
 
 BASELINE = "sgd"

@@ -7,7 +7,7 @@ import pytest
 from jaxdl import compare
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, Grid, Variant
-from jaxdl.config import validate
+from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 
 
@@ -203,12 +203,12 @@ def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
 
 def test_compare_help_lists_the_run_flags_it_passes_on(capsys):
   from jaxdl.compare import PER_CELL
-  from jaxdl.config import _field_owner
+  from jaxdl.config import field_owner
   with pytest.raises(SystemExit):
     main(["compare", "--help"])
   text = " ".join(capsys.readouterr().out.split())
   shared, refused = text.split("Run flags passed on to every cell")[1].split("Set per cell")
-  for field in _field_owner():
+  for field in field_owner():
     flag = "--" + field.replace("_", "-")
     assert (flag + "," in refused or flag + " (" in refused) == (field in PER_CELL), flag
     assert (flag + "," in shared or flag + ";" in shared) == (field not in PER_CELL), flag

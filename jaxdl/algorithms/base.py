@@ -12,8 +12,9 @@ import optax
 
 from jaxdl.algorithms import compression
 from jaxdl.algorithms.collectives import WorkerAxis
-from jaxdl.models.layers import BatchStats
+from jaxdl.algorithms.shapes import Centralized, Elastic
 from jaxdl.errors import TaskError
+from jaxdl.models.layers import BatchStats
 from jaxdl.settings import Settings
 from jaxdl.task import Task
 
@@ -284,9 +285,9 @@ class AlgorithmSpec:
   `optim_defaults(num_workers)` gives values for the optimizer section's
   fields the user leaves unset (optimizer, lr, momentum, weight_decay;
   jaxdl.optim.with_defaults: a recipe that names an optimizer holds only
-  for it), with `optim_rule` saying how, for `jaxdl list` and the docs. `server` says whether it keeps a
-  parameter server that --servers shards (unset: a centralized or elastic
-  shape does).
+  for it), with `optim_rule` saying how, for `jaxdl list` and the docs.
+  `server` says whether it keeps a parameter server that --servers shards
+  (unset: a centralized or elastic shape does).
   The engines that can run it are those that declare its shape.
   """
   name: str
@@ -302,5 +303,4 @@ class AlgorithmSpec:
 
   @property
   def has_server(self) -> bool:
-    from jaxdl.algorithms.shapes import Centralized, Elastic
     return self.server if self.server is not None else self.shape in (Centralized, Elastic)

@@ -21,7 +21,8 @@ import pytest
 import jaxdl
 from jaxdl import trace
 from jaxdl.build import prepare
-from jaxdl.config import RunConfig, validate
+from jaxdl.config import RunConfig
+from jaxdl.validation import validate
 from jaxdl.engines import ray_engine
 from jaxdl.engines.sim import message_bytes
 from jaxdl.errors import ConfigError
