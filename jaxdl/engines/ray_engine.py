@@ -2,8 +2,9 @@
 
 An asynchronous algorithm: a central actor (a parameter server, or the
 coordinator of workers that keep their own models) and M worker actors,
-each its own OS process (`jaxdl.engines.ray_actors`), run the algorithm's
-own event functions. The driver (this process) only starts them, waits for
+each its own OS process, run the algorithm's own event functions
+(`jaxdl.engines.ray_server`, `ray_shards`, `ray_coordinator`, `ray_peers`).
+The driver (this process) only starts them, waits for
 each step's end and fetches the state at the steps the runner reads; workers
 never wait for it. The trace holds the events in the order the central actor
 granted them, with wall times; `--engine sim --replay RUN/trace.jsonl` runs
@@ -43,8 +44,11 @@ from jaxdl.engines import base, ray_cluster
 from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.host_axis import Exchange
 from jaxdl.engines.mesh import MeshEngine
-from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
-                                      ShardedWorker, SplitProcess, Worker)
+from jaxdl.engines.ray_collective import Process, SplitProcess
+from jaxdl.engines.ray_coordinator import Coordinator
+from jaxdl.engines.ray_peers import Peer
+from jaxdl.engines.ray_server import Server, Worker
+from jaxdl.engines.ray_shards import Shard, ShardedServer, ShardedWorker
 from jaxdl.engines.split import SplitRun
 from jaxdl.errors import ConfigError
 
@@ -197,7 +201,7 @@ class RayEngine(_RayRun):
     check_servers(algorithm, k)  # before Ray starts
     super().__init__(algorithm, problem, streams, config)
     ray = self._ray
-    # Ray restarts a worker whose process died (ray_actors: what it rejoins with).
+    # Ray restarts a worker whose process died (ray_server, ray_peers: what it rejoins with).
     self.centralized = isinstance(algorithm, Centralized)
     concurrency = max(64, 4 * self.num_workers)
     # The state travels to the driver only at the steps the runner reads it.
@@ -361,7 +365,7 @@ class RayEngine(_RayRun):
 
 class RayCollective(_RayRun):
   """A collective algorithm (bsp, ar_sgd, local_sgd) on M processes that
-  jax.distributed joins, one device and one worker each (`ray_actors.Process`):
+  jax.distributed joins, one device and one worker each (`ray_collective.Process`):
   each runs the mesh engine's step, the algorithm's collectives across the
   processes (gloo on CPUs). The driver steps them together and gathers the
   state at the steps the runner reads.
@@ -436,7 +440,7 @@ class RayCollective(_RayRun):
 
 class RaySplit(SplitRun, _RayRun):
   """The ray engine's form of `jaxdl.engines.split.SplitRun`: the M workers
-  are processes (`ray_actors.SplitProcess`), their collectives meeting at an
+  are processes (`ray_collective.SplitProcess`), their collectives meeting at an
   `Exchange` actor that sums in host memory or on a device (--reduce; on a
   GPU when the cluster has one)."""
 

@@ -336,7 +336,7 @@ def test_wire_bytes_are_what_ray_serializes():
   packed top-k payload of the mlp's 6 leaves, 4,088 bytes of values and
   indices, serializes to 4,088 and a header of under 200 bytes."""
   cloudpickle = pytest.importorskip("ray").cloudpickle
-  from jaxdl.engines.ray_actors import packed, unpacked, wire_bytes
+  from jaxdl.engines.ray_messages import packed, unpacked, wire_bytes
   rng = np.random.default_rng(0)
   leaves = [x for k in (164, 3, 328, 2, 13, 1) for x in (
       rng.normal(size=k).astype(np.float32), rng.integers(0, 1000, k).astype(np.int32))]
@@ -737,7 +737,7 @@ def test_a_cut_handed_to_a_process_that_died_is_given_its_restart_model():
   import jax
 
   from jaxdl.engines.events import take
-  from jaxdl.engines.ray_actors import Coordinator
+  from jaxdl.engines.ray_coordinator import Coordinator
 
   async def scenario():
     config = RunConfig.make(algorithm="easgd", workers=2, **dict(RUN, steps=4))
