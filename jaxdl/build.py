@@ -10,6 +10,7 @@ from jaxdl import algorithms
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
 from jaxdl.config import TASK_PREFIX, RunConfig
 from jaxdl.data import Streams, TextDataset, check_workers, load_dataset, make_streams
+from jaxdl.engines import base as engines_base
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.models import MODELS, TEXT_MODELS, build_model
 from jaxdl.optim import make_optimizer
@@ -144,3 +145,6 @@ def assemble(plan: Plan, task: Task | None = None, streams: Streams | None = Non
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)
   return Setup(config, task, streams, spec, algorithm, problem, None, total,
                sum(streams.batch_sizes), plan.engine)
+
+
+engines_base.set_setup_builder(prepare)  # for the processes a real engine starts

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -166,6 +166,26 @@ def check_emulation(engine: type, config: RunConfig) -> None:
                       f"{engine.name} unless --compute-time is set: real workers run at their "
                       "own speed, which the speeds slow to an emulated compute time (without "
                       "--batch-sizes they split the global batch)")
+
+
+_SETUP_BUILDER: list[Callable[..., Any]] = []
+
+
+def set_setup_builder(build: Callable[..., Any]) -> None:
+  """Registers how a process builds a run's setup from its config,
+  ``build(config, task=None) -> Setup``: jaxdl.build.prepare, which sits above
+  the engines (its validation asks them) and registers itself when imported.
+  An engine whose processes each build the run (the ray engine's actors)
+  calls it through `setup_builder`."""
+  _SETUP_BUILDER[:] = [build]
+
+
+def setup_builder() -> Callable[..., Any]:
+  """The function registered by `set_setup_builder` (every process that
+  imports jaxdl has it: the package imports jaxdl.build)."""
+  if not _SETUP_BUILDER:
+    raise RuntimeError("no setup builder: import jaxdl (jaxdl.build registers it)")
+  return _SETUP_BUILDER[0]
 
 
 class Declared:

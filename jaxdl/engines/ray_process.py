@@ -15,18 +15,17 @@ from __future__ import annotations
 import os
 import time
 
+from jaxdl.engines import base
 from jaxdl.engines.base import slowed
 from jaxdl.engines.sim import cost_model
 
 
 def prepared(config, task):
   """The run an actor's process builds for itself from the config (and a
-  script's task): its algorithm, problem, data streams and budget
-  (`jaxdl.build.prepare`'s `Setup`). The one import of the actors that
-  points up: jaxdl.build imports the engines (its validation asks them), so
-  it is imported here, in an actor's process, when it builds its run."""
-  from jaxdl.build import prepare
-  return prepare(config, task=task)
+  script's task): its algorithm, problem, data streams and budget (the
+  `Setup` of `base.setup_builder()`, jaxdl.build.prepare, which sits above
+  the engines: its validation asks them)."""
+  return base.setup_builder()(config, task=task)
 
 
 def emulated(config, built):
