@@ -12,8 +12,21 @@ import threading
 from pathlib import Path
 from typing import Callable, Literal
 
+from jaxdl import calibrate, compare, flags, parsing, rundir
+from jaxdl.algorithms import ALGORITHMS
+from jaxdl.cluster import DEFAULT_UTILIZATION, DEVICE_PROFILES
+from jaxdl.config import RunConfig
+from jaxdl.data import describe_datasets
+from jaxdl.engines import ENGINES, engines_for
 from jaxdl.errors import ArgvError, ConfigError
+from jaxdl.models import MODELS, TEXT_MODELS
+from jaxdl.optim import OPTIMIZERS
+from jaxdl.report import Report, ReportArgs
+from jaxdl.runner import DIVERGENCE_FACTOR, default_out, run
+from jaxdl.settings import field_docs
 from jaxdl.shutdown import exit_within
+from jaxdl.task import TASKS, task_names
+from jaxdl.validation import check_target
 
 USAGE = """usage: jaxdl COMMAND [FLAGS]
 
@@ -53,10 +66,6 @@ def _split_lists(args: list[str], flags: tuple[str, ...] = LIST_FLAGS) -> list[s
 
 
 def _parse_run_config(args: list[str]):
-  from jaxdl import flags, rundir
-  from jaxdl.config import RunConfig
-  from jaxdl.runner import DIVERGENCE_FACTOR
-
   args = _split_lists(args)
   description = ("Train one configuration into a run directory. A run whose training loss "
                  f"becomes NaN or infinite, or grows past {DIVERGENCE_FACTOR:g} x its first "
@@ -75,8 +84,6 @@ def _parse_run_config(args: list[str]):
 
 
 def _run(args: list[str]) -> int:
-  from jaxdl.runner import default_out, run
-
   config = _parse_run_config(args)
   summary = run(config, announce=lambda out: print(f"run directory: {out}", flush=True))
   target = summary.get("target_metric")
@@ -143,11 +150,6 @@ def _interrupt(signum, frame) -> None:
 
 
 def _compare(args: list[str]) -> int:
-  from jaxdl import compare, flags, parsing
-  from jaxdl.config import RunConfig
-  from jaxdl.validation import check_target
-  from jaxdl.report import Report
-
   opts, rest = parsing.parse(compare.CompareArgs, _split_lists(args, COMPARE_LIST_FLAGS),
                           "jaxdl compare", return_unknown_args=True,
                           description=f"{inspect.cleandoc(compare.CompareArgs.__doc__)}\n\n"
@@ -181,9 +183,6 @@ def _compare(args: list[str]) -> int:
 
 
 def _report(args: list[str]) -> int:
-  from jaxdl import parsing, rundir
-  from jaxdl.report import Report, ReportArgs
-
   opts = parsing.parse(ReportArgs, args, "jaxdl report")
   directory = rundir.check_path("dir", opts.dir)
   expected = "a comparison directory with finished run directories (jaxdl compare --out DIR)"
@@ -201,9 +200,6 @@ def _report(args: list[str]) -> int:
 
 
 def _calibrate(args: list[str]) -> int:
-  from jaxdl import calibrate, flags, rundir
-  from jaxdl.config import RunConfig
-
   path, rest, given = calibrate.CalibrateArgs().profile, [], iter(args)
   for arg in given:  # --profile PATH or --profile=PATH; the rest are run flags
     if arg == "--profile" or arg.startswith("--profile="):
@@ -233,16 +229,8 @@ def _calibrate(args: list[str]) -> int:
 def _list(args: list[str]) -> int:
   if args:
     raise ArgvError("", args[0], "", f"unexpected argument {args[0]!r}: jaxdl list takes none")
-  from jaxdl.algorithms import ALGORITHMS
-  from jaxdl.data import describe_datasets
-  from jaxdl.engines import ENGINES
-  from jaxdl.models import MODELS, TEXT_MODELS
-  from jaxdl.optim import OPTIMIZERS
 
-  from jaxdl.engines import engines_for
-  from jaxdl.settings import field_docs
 
-  from jaxdl.task import TASKS, task_names
   sections = [("datasets (--dataset)", describe_datasets())]
   tasks = [(f"task:{n}", TASKS.doc(n) if n in TASKS else "(an installed package's)")
            for n in task_names()]
@@ -264,7 +252,6 @@ def _list(args: list[str]) -> int:
       flags = ", ".join("--" + k.replace("_", "-") for k in spec.optim_defaults(1))
       rows.append((f"  {flags}", spec.optim_rule))
   sections.append(("algorithms (--algorithm) and their settings", rows))
-  from jaxdl.cluster import DEFAULT_UTILIZATION, DEVICE_PROFILES
   sections.append(("simulated devices (--cluster [COUNTx]PROFILE, sim engine)", [
       (name, f"{flops / 1e12:g} TFLOP/s peak, {DEFAULT_UTILIZATION:.0%} of it per step")
       for name, flops in DEVICE_PROFILES.items()]))
@@ -299,7 +286,6 @@ def script_args(cls: type, argv: list[str] | None = None, path: str | None = Non
   """A script's own flags, the dataclass `cls` parsed by tyro from `argv`
   (default sys.argv[1:]; `kwargs`: tyro.cli's); a command line that does not
   parse is one line on stderr and exit code 2 (SystemExit), as in jaxdl's."""
-  from jaxdl import parsing
   prog = f"python {Path(path or sys.argv[0]).name}"
   try:
     return parsing.parse(cls, sys.argv[1:] if argv is None else argv, prog, **kwargs)
