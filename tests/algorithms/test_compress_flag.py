@@ -35,7 +35,7 @@ def evaluated(config: RunConfig, steps: int):
   return engine.evaluated(train(engine, steps)[0])
 
 
-@pytest.mark.parametrize("algorithm", marks.default_first(["bsp", "asp", "lc_asgd"]))
+@pytest.mark.parametrize("algorithm", marks.default_first(["bsp", "asp"]))
 def test_topk_of_everything_is_no_compression(algorithm):
   """topk:1 sends every coordinate and keeps a zero residual: the run of no
   compression, to the bit (a -0.0 gradient becomes +0.0 in g + e, which
@@ -52,20 +52,22 @@ def test_topk_of_everything_is_no_compression(algorithm):
 # (test_ar_sgd_topk_is_error_feedback_per_worker_written_out), EASGD's and
 # DiLoCo's by hand (below and tests/algorithms/test_diloco.py).
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["ar_sgd", "easgd", "diloco"])
+@pytest.mark.parametrize("algorithm", ["ar_sgd", "easgd", "diloco", "lc_asgd"])
 def test_topk_of_everything_is_no_compression_up_to_rounding(algorithm):
   """The same for ar_sgd (whose workers are vmapped in one program) and
   EASGD: there XLA fuses the gradient or the difference with the compressor
   and rounds the last bit of some coordinates otherwise (measured: 6e-7
-  relative after 8 steps); DiLoCo's sum of the workers' outer gradients,
-  sum_m (b_m / B)(theta - theta_m), is theta less their mean model up to
-  rounding (measured: 6e-8 apart, parameters up to 0.3)."""
+  relative after 8 steps); LC-ASGD, whose compute is asp's with the batch's
+  mean loss taken from its metrics (measured: up to 9e-8 apart after 8
+  steps; bit for bit before its compute became asp's); DiLoCo's sum of the
+  workers' outer gradients, sum_m (b_m / B)(theta - theta_m), is theta less
+  their mean model up to rounding (measured: 6e-8 apart, parameters up to 0.3)."""
   extra = {"inner_steps": 2, "optimizer": "sgd"} if algorithm == "diloco" else {}
   config = RunConfig.make(algorithm=algorithm, workers=3, jitter=0.3, compute_time=1e-3,
                           momentum=0.9, lr=0.05, **SIM, **extra)
+  atol = 1e-7 if algorithm in ("diloco", "lc_asgd") else 1e-8
   chex.assert_trees_all_close(evaluated(config, 8),
-                              evaluated(config.replace(compress="topk:1"), 8),
-                              rtol=1e-5, atol=1e-7 if algorithm == "diloco" else 1e-8)
+                              evaluated(config.replace(compress="topk:1"), 8), rtol=1e-5, atol=atol)
 
 
 @pytest.mark.slow  # by default: test_local_sgd_sends_differences_from_the_last_average_written_out

@@ -175,10 +175,11 @@ def _take(tree, *index):
   return jax.tree.map(lambda x: np.asarray(x[index]), jax.device_get(tree))
 
 
-def _check_pairs(state, events, slots, num_workers):
+def _check_pairs(state, events, slots, num_workers, compress):
   """Both ends of every pair hold the same reference, once the pair's
-  messages in flight (GoSGD) are added to the receiver's, in the order sent:
-  to the bit. GoSGD's weights, those in flight included, sum to 1."""
+  messages in flight (GoSGD: payloads, decoded) are added to the receiver's,
+  in the order sent: to the bit. GoSGD's weights, those in flight included,
+  sum to 1."""
   links = state.workers.links
   flying = {}
   for i, e in enumerate(events):
@@ -193,7 +194,7 @@ def _check_pairs(state, events, slots, num_workers):
       received = _take(links.received, k, m)
       for (sender, _), (peer, slot) in flying.items():  # in the order sent
         if (sender, peer) == (m, k):
-          received = jax.tree.map(np.add, received, _take(state.server.params, slot))
+          received = compression.moved(compress, received, _take(state.server.params, slot))
       chex.assert_trees_all_equal(_take(links.sent, m, k), received)
   if isinstance(state.workers, gosgd.GossipWorker):
     in_flight = sum(float(state.server.weight[slot]) for _, slot in flying.values())
@@ -219,7 +220,7 @@ def test_both_ends_of_every_pair_hold_the_same_reference(algorithm, compress):
   for t in range(steps):
     state, _ = engine.step(state, t)
     end = engine.step_ends[t] + 1
-    flying += _check_pairs(state, events[:end], slots[:end], m)
+    flying += _check_pairs(state, events[:end], slots[:end], m, compress)
   kinds = {"gosgd": "gossip", "ad_psgd": "average"}
   assert sum(e.kind == kinds[algorithm] for e in events) >= 3
   assert algorithm == "ad_psgd" or flying > 0  # some checks had messages in flight
