@@ -503,6 +503,11 @@ def split_workers(config: RunConfig) -> bool:
           or config.distributed.worker_devices is not None)
 
 
+DRY_RUN_ENGINES = ("auto", "sim")
+"""The --engine values that take --dry-run (a simulated schedule: auto then
+picks sim)."""
+
+
 TASK_PREFIX = "task:"
 """--dataset and --model of a run of a script's own task: task:NAME."""
 
@@ -537,7 +542,7 @@ def validate(config: RunConfig) -> RunConfig:
     raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
   if not all(m > 0 for m in c["lr_milestones"]):  # (NaN too)
     raise ConfigError("lr_milestones", c["lr_milestones"], "epochs > 0")
-  if c["dry_run"] and config.algorithm.engine not in ("auto", "sim"):
+  if c["dry_run"] and config.algorithm.engine not in DRY_RUN_ENGINES:
     raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
   if c["resume"] and c["overwrite"]:
     raise ConfigError("overwrite", True, "not together with --resume")
