@@ -328,6 +328,8 @@ def test_an_alias_is_the_sweep_it_stands_for(alias, field, values, variants):
     (["--sweep", "elasticity=0.5,x"], "--sweep='elasticity=x' is not valid: a number, or None"),
     (["--sweep", "elasticity=2"], "--sweep='elasticity=2' is not valid: a number in [0, 1] "
                                   "(cell easgd_alpha2-m2)"),
+    (["--sweep", "elasticity=0.5,nan"], "--sweep='elasticity=nan' is not valid: a finite "
+                                        "number (cell easgd_alphanan-m2)"),
     (["--sweep", "elasticity="], "one value or more, none empty"),
     (["--sweep", "communication_period=1.5"], "an integer"),
     (["--sweep", "lr=-1"], "--sweep='lr=-1' is not valid: a number > 0 (cell easgd_lr-1-m2)"),

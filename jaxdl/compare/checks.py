@@ -44,7 +44,7 @@ def _own_flag(error: ConfigError, cell: Cell, args: CompareArgs) -> ConfigError:
   setting = error.field in dict(cell.overrides) and error.field not in ("out", "dry_run")
   if setting:  # one of the cell's settings: from a sweep, or from the variant's label
     swept = next((s for s in sweeps(args) if s.field == error.field), None)
-    if swept is not None and error.value in swept.values:
+    if swept is not None and swept.index(error.value) is not None:
       return swept.refusal_of(error.value, where)
     if args.algorithms is None and args.experiment:
       return ConfigError("experiment", args.experiment, f"{error} (cell {cell.name})")

@@ -46,10 +46,15 @@ class Sweep:
     given = f"{self.field}={','.join(self.texts)}" if self.source == SWEEP else self.values
     return ConfigError(self.source, given, allowed)
 
+  def index(self, value: Any) -> int | None:
+    """The position of `value` among the values (NaN is NaN); None: not one of them."""
+    return next((i for i, v in enumerate(self.values)
+                 if v == value or (v != v and value != value)), None)
+
   def refusal_of(self, value: Any, allowed: str) -> ConfigError:
     """One of its values refused, naming its flag."""
     if self.source == SWEEP:
-      return ConfigError(SWEEP, f"{self.field}={self.texts[self.values.index(value)]}", allowed)
+      return ConfigError(SWEEP, f"{self.field}={self.texts[self.index(value)]}", allowed)
     return ConfigError(self.source, value, allowed)
 
 
