@@ -34,7 +34,7 @@ import optax
 from jaxdl import RunConfig, algorithms, cluster
 from jaxdl.algorithms import Problem
 from jaxdl.cli import script_args
-from jaxdl.config import resolve
+from jaxdl.validation import validate
 from jaxdl.engines.sim import flops_per_batch, make_schedule
 from jaxdl.models import build_model
 from jaxdl.trace import step_ends
@@ -87,7 +87,7 @@ def throughput(algorithm: str, settings: dict, workers: int, network: str, compu
   config = RunConfig.make(algorithm=algorithm, workers=workers, network=network, engine="sim",
                           batch_size=args.batch_size, steps=args.steps, dry_run=True,
                           **settings)
-  spec, _ = resolve(config)
+  spec = validate(config).spec
   # The schedule reads the shape's declared policy (sync mode, period,
   # staleness bound, probability), which the settings alone decide; the
   # model's size enters through the cost model. So the shape is built for a

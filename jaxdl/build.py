@@ -8,13 +8,15 @@ from typing import TYPE_CHECKING
 
 from jaxdl import algorithms
 from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
-from jaxdl.config import (INT_LIMIT, TASK_PREFIX, RunConfig, batch_sizes, check_target, resolve,
-                          run_optim, validate)
+from jaxdl.config import TASK_PREFIX, RunConfig
 from jaxdl.data import Streams, TextDataset, check_workers, load_dataset, make_streams
 from jaxdl.errors import ConfigError, TaskError
 from jaxdl.models import MODELS, TEXT_MODELS, build_model
 from jaxdl.optim import make_optimizer
+from jaxdl.parallel.pipeline import pipeline_task
+from jaxdl.parallel.tensor import tensor_task
 from jaxdl.task import Task, classification, language_model, registered, task_names
+from jaxdl.validation import INT_LIMIT, Plan, check_target, validate
 
 if TYPE_CHECKING:
   from jaxdl.engines import Engine
@@ -32,36 +34,7 @@ class Setup:
   engine: Engine | None  # None from `prepare`: the parts a process of a real engine needs
   total_steps: int
   global_batch: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Cadence:
-  """After which steps the runner logs, evaluates and checkpoints; `done`
-  counts the steps done (1 after the first)."""
-  total_steps: int
-  log_every: int
-  eval_every: int
-  checkpoint_every: int
-
-  @classmethod
-  def of(cls, config: RunConfig, steps_per_epoch: int, total_steps: int) -> Cadence:
-    c = config.train
-    return cls(total_steps, c.log_every, c.eval_every or steps_per_epoch,
-               c.checkpoint_every or steps_per_epoch)
-
-  def evaluates(self, done: int) -> bool:
-    return done % self.eval_every == 0 or done == self.total_steps
-
-  def logs(self, done: int) -> bool:
-    return done % self.log_every == 0 or self.evaluates(done)  # also at the last step
-
-  def checkpoints(self, done: int) -> bool:
-    return done % self.checkpoint_every == 0 or done == self.total_steps
-
-  def observes(self, done: int) -> bool:
-    """Whether the runner reads the run's state after `done` steps (to
-    evaluate it, check it for divergence or checkpoint it)."""
-    return self.logs(done) or self.checkpoints(done)
+  engine_name: str
 
 
 def build_task(config: RunConfig) -> Task:
@@ -78,13 +51,11 @@ def build_task(config: RunConfig) -> Task:
   if text:
     return language_model(dataset, name)
   if config.model.parallelism == "pipeline":
-    from jaxdl.parallel.pipeline import pipeline_task
     m = config.model
     return pipeline_task(name, dataset, m.stem, m.stages, m.microbatches, m.pipeline_schedule)
   model = build_model(name, dataset.num_classes, dataset.image_shape, config.model.stem,
                       config.model.compute_dtype)
   if config.model.parallelism == "tensor":
-    from jaxdl.parallel.tensor import tensor_task
     return tensor_task(classification(model, dataset), name)
   return classification(model, dataset)
 
@@ -119,16 +90,30 @@ def resolve_task(config: RunConfig, task: Task | None) -> tuple[RunConfig, Task 
 def prepare(config: RunConfig, streams: Streams | None = None,
             task: Task | None = None) -> Setup:
   """`setup` without the engine: what each process of a real engine builds
-  for itself from the config (and a script's task)."""
+  for itself from the config (and a script's task).
+
+  Args:
+    config: the run's config (validated here).
+    streams: every worker's data stream, in place of the task's (tests).
+    task: a script's own task, in place of --dataset and --model.
+
+  Returns:
+    The Setup, its `engine` None.
+  """
   config, task = resolve_task(config, task)
-  validate(config)
-  spec = resolve(config)[0]
+  return assemble(validate(config), task, streams)
+
+
+def assemble(plan: Plan, task: Task | None = None, streams: Streams | None = None) -> Setup:
+  """The Setup of a validated config (`plan`, of a config whose task is
+  resolved: `resolve_task`), its `engine` None."""
+  config, spec = plan.config, plan.spec
   task = task or build_task(config)
   check_target(config.train.target_accuracy, task.target_metric, "target_accuracy")
   sliced = config.cluster.partition != "static"  # the split of B changes during the run
   if streams is None:
     check_workers(task.train, config.algorithm.workers)
-  streams = streams or make_streams(task.train, batch_sizes(config), config.train.seed,
+  streams = streams or make_streams(task.train, plan.batch_sizes, config.train.seed,
                                     task.name, sliced)
   if (len(set(streams.batch_sizes)) > 1 or sliced) and not task.weighted:
     raise TaskError(task.name, "loss", "a weighted loss (Task(weighted=True), reading "
@@ -149,7 +134,7 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
   m = config.algorithm.workers
   per_step = m if spec.shape is Centralized else 1
-  optimizer = make_optimizer(run_optim(config), total, streams.steps_per_epoch, per_step)
+  optimizer = make_optimizer(plan.optim, total, streams.steps_per_epoch, per_step)
   problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
                     async_bn=config.algorithm.async_bn, seed=config.train.seed,
                     compress=config.algorithm.compress,
@@ -158,4 +143,4 @@ def prepare(config: RunConfig, streams: Streams | None = None,
   algorithm = algorithms.build(spec, config.settings(), problem, config.algorithm.workers,
                                config.algorithm.bn_decay if config.algorithm.async_bn else None)
   return Setup(config, task, streams, spec, algorithm, problem, None, total,
-               sum(streams.batch_sizes))
+               sum(streams.batch_sizes), plan.engine)

@@ -34,11 +34,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from jaxdl.cluster import Profile
 from jaxdl.config import RunConfig
 from jaxdl.errors import ConfigError
+from jaxdl.runner import run
 
 DEFAULT_STEPS = 500
 """Updates of each measuring run, unless --steps is given."""
@@ -54,7 +56,6 @@ class CalibrateArgs:
 def _measure(config: RunConfig, algorithm: str, out: Path) -> dict[str, float]:
   """One measuring run: its updates, seconds from the clock's start to its
   last update, mean measured seconds per gradient, and CPU seconds."""
-  from jaxdl.runner import run
   summary = run(config.replace(algorithm=algorithm, engine="ray", workers=1, out=str(out),
                                eval_every=config.train.steps,
                                checkpoint_every=config.train.steps))
@@ -91,7 +92,6 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
   profile = Profile(model=config.model.model, dataset=config.data.dataset,
                     batch_size=config.data.batch_size, compute_time=compute,
                     server_time=central(runs["asp"]), order_time=central(runs["gosgd"]))
-  import jax
   import ray
   return {**dataclasses.asdict(profile), "measured": runs,
           "machine": {"host": platform.node(), "cores": cores,

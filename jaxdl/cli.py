@@ -144,7 +144,7 @@ def _interrupt(signum, frame) -> None:
 def _compare(args: list[str]) -> int:
   from jaxdl import compare, flags, parsing
   from jaxdl.config import RunConfig
-  from jaxdl.config import check_target
+  from jaxdl.validation import check_target
   from jaxdl.report import Report
 
   opts, rest = parsing.parse(compare.CompareArgs, _split_lists(args, COMPARE_LIST_FLAGS),

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import tyro
 
 from jaxdl.errors import ConfigError
+from jaxdl.settings import SETTINGS, owners as setting_owners
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +220,7 @@ class RunConfig:
     settings it shares with the old one and takes its defaults for the rest.
     """
     sections = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    owner = _field_owner()
+    owner = field_owner()
     given = {}
     for name, value in flat.items():
       if name in owner:
@@ -237,33 +238,29 @@ class RunConfig:
     return new._with_settings({**kept, **given})
 
   def _with_settings(self, values: dict[str, Any]) -> RunConfig:
-    from jaxdl.algorithms import ALGORITHMS, settings_owners
     name = self.algorithm.algorithm
-    if not values and name not in ALGORITHMS:
-      return self  # an unknown algorithm is reported by validate()
-    spec = ALGORITHMS.get(name)
-    fields = {f.name for f in dataclasses.fields(spec.settings)}
+    if not values and name not in SETTINGS:
+      return self  # an unknown algorithm is refused by the validation
+    cls = SETTINGS.get(name)
+    fields = {f.name for f in dataclasses.fields(cls)}
     for key, value in values.items():
       if key not in fields:
-        owners = [s.name for s in settings_owners().get(key, [])]
+        owners = setting_owners().get(key, [])
         raise ConfigError(key, value, f"a setting of {', '.join(owners)}, not of {name}"
                           if owners else "not a config field; see `jaxdl run --help`")
-    settings = spec.settings(**values)
+    typed = cls(**values)
     return dataclasses.replace(self, algorithm=dataclasses.replace(self.algorithm,
-                                                                   settings=settings))
+                                                                   settings=typed))
 
   def settings(self):
     """The algorithm's typed settings (its defaults unless set)."""
     if self.algorithm.settings is not None:
       return self.algorithm.settings
-    from jaxdl.algorithms import ALGORITHMS
-    return ALGORITHMS.get(self.algorithm.algorithm).settings()
+    return SETTINGS.get(self.algorithm.algorithm)()
 
   def settings_dict(self) -> dict[str, Any]:
-    if self.algorithm.settings is None:
-      from jaxdl.algorithms import ALGORITHMS
-      if self.algorithm.algorithm not in ALGORITHMS:
-        return {}
+    if self.algorithm.settings is None and self.algorithm.algorithm not in SETTINGS:
+      return {}
     return dataclasses.asdict(self.settings())
 
   def flat(self) -> dict[str, Any]:
@@ -299,7 +296,7 @@ class RunConfig:
           section.get("settings") or {})
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     if legacy:
-      owner = _field_owner()
+      owner = field_owner()
       fields = _setting_fields(d.get("algorithm", "sgd"))
       d = {k: v for k, v in d.items() if k in owner or k in fields}
     d = {k: None if k in applied and applied[k] == v else v for k, v in d.items()}
@@ -325,14 +322,14 @@ class RunConfig:
     return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
 
-def _field_owner() -> dict[str, str]:
+def field_owner() -> dict[str, str]:
   """Each section field's flat name -> its section (settings excepted)."""
   default = RunConfig()
   return {f.name: section.name for section in dataclasses.fields(default)
           for f in dataclasses.fields(getattr(default, section.name)) if f.name != "settings"}
 
 
-def _field_types() -> dict[str, Any]:
+def field_types() -> dict[str, Any]:
   """Each section field's flat name -> its type (settings excepted)."""
   types = {}
   for section in dataclasses.fields(RunConfig):
@@ -362,43 +359,44 @@ def _fits(value: Any, hint: Any) -> bool:
   return isinstance(value, hint) if isinstance(hint, type) else True
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
   origin, args = typing.get_origin(hint), typing.get_args(hint)
   if origin is Literal:
     return "one of " + ", ".join(map(str, args))
   if origin in (typing.Union, types.UnionType):
-    return " or ".join(_type_name(a) for a in args)
+    return " or ".join(type_name(a) for a in args)
   if origin is tuple:
-    return f"a list, each {_type_name(args[0])}"
+    return f"a list, each {type_name(args[0])}"
   names = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
            type(None): "null"}
   return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-def _settings_types(algorithm: Any) -> dict[str, Any]:
+def settings_types(algorithm: Any) -> dict[str, Any]:
   """The type of each setting of `algorithm` (none for an unknown one)."""
-  from jaxdl.algorithms import ALGORITHMS
-  if isinstance(algorithm, str) and algorithm in ALGORITHMS:
-    return typing.get_type_hints(ALGORITHMS.get(algorithm).settings)
+  if isinstance(algorithm, str) and algorithm in SETTINGS:
+    return typing.get_type_hints(SETTINGS.get(algorithm))
   return {}
 
 
 def _check_types(flat: dict[str, Any]) -> None:
   """Refuses a value of the wrong type in a config file, naming its field."""
-  hints = _field_types() | _settings_types(flat.get("algorithm", "sgd"))
+  hints = field_types() | settings_types(flat.get("algorithm", "sgd"))
   for field, value in flat.items():
     if field in hints and not _fits(value, hints[field]):
-      raise ConfigError(field, value, f"{_type_name(hints[field])} (in the config file)")
+      raise ConfigError(field, value, f"{type_name(hints[field])} (in the config file)")
 
 
 def _setting_fields(algorithm: str) -> set[str]:
-  from jaxdl.algorithms import ALGORITHMS
-  if algorithm not in ALGORITHMS:
+  if algorithm not in SETTINGS:
     return set()
-  return {f.name for f in dataclasses.fields(ALGORITHMS.get(algorithm).settings)}
+  return {f.name for f in dataclasses.fields(SETTINGS.get(algorithm))}
 
 
 # config.json's record of what the run ran on (jaxdl.rundir.environment).
+TASK_PREFIX = "task:"
+"""--dataset and --model of a run of a script's own task: task:NAME."""
+
 ENVIRONMENT = "environment"
 DEFAULTS_APPLIED = "defaults_applied"
 """config.json's record of the values a rule chose for the unset fields of
@@ -415,390 +413,12 @@ RUN_CONTROL_FIELDS = frozenset(
      "price_per_device_hour"})
 
 
-INT_LIMIT = 2**31
-"""Every integer field (a count, a period, a bound) is below this in
-magnitude: JAX's integers are int32 (x64 off), in which a step count or a
-worker's index past it would wrap."""
-SEED_LIMIT = 2**32
-"""Seeds are in [0, SEED_LIMIT): jax.random.key keeps a seed's low 32 bits
-(x64 off; 2**32 gives seed 0's key), and numpy's generators take no negative seed."""
-FLOAT_LIMIT = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
-"""Every number field is at most this in magnitude: JAX computes in float32,
-in which a larger rate, time or factor (or an infinite one) is infinite. (NaN
-fails each field's own range.)"""
-
-
-def _holds(hint: Any, kind: type) -> bool:
-  """Whether a field of type `hint` holds values of `kind` (alone, in a list, or unset)."""
-  return hint is kind or any(_holds(a, kind) for a in typing.get_args(hint))
-
-
-def check_numbers(values: dict[str, Any], hints: dict[str, Any]) -> None:
-  """Refuses a value of an integer field (`hints`: each field's type) that
-  int32 does not hold (a seed: outside [0, SEED_LIMIT)), and one of a number
-  field past float32's range."""
-  for field, value in values.items():
-    hint, items = hints.get(field), value if isinstance(value, (tuple, list)) else (value,)
-    if field == "seed" and _holds(hint, int):
-      if not (isinstance(value, int) and 0 <= value < SEED_LIMIT):
-        raise ConfigError(field, value, "an integer in [0, 2**32): jax.random.key keeps a "
-                          "seed's low 32 bits")
-    elif _holds(hint, int) and any(isinstance(v, int) and abs(v) >= INT_LIMIT for v in items):
-      raise ConfigError(field, value, "an integer below 2**31 in magnitude (JAX's integers "
-                        "are int32)")
-    elif _holds(hint, float) and any(isinstance(v, (int, float)) and abs(v) > FLOAT_LIMIT
-                                     for v in items):
-      raise ConfigError(field, value, f"a number at most {FLOAT_LIMIT:.4g} in magnitude (JAX "
-                        "computes in float32)")
-
-
-def _positive(field: str, value: float | int | None, *, allow_none=False, zero=False):
-  if value is None and allow_none:
-    return
-  ok = value is not None and math.isfinite(value) and (value >= 0 if zero else value > 0)
-  if not ok:
-    raise ConfigError(field, value, "a number >= 0" if zero else "a number > 0")
-
-
-# The simulated cluster's settings: a run on real devices has none of them.
-SIMULATED_ONLY = ("cluster", "network", "latency", "compute_time", "jitter",
-                  "straggler_prob", "straggler_slowdown")
-EMULATING_ENGINES = ("mesh", "ray")
-"""The engines on real devices whose workers may be slowed to the EMULATED
-settings: a synchronous algorithm's, each running a program of its own
-(mesh, ray), and an asynchronous algorithm's processes (ray)."""
-EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
-"""Those that the real engines (mesh, ray) emulate for every algorithm they
-run: each worker sleeps until its batch has taken the simulator's modelled
-time, if its compute took less (jaxdl.engines.split.SplitWorker,
-jaxdl.engines.ray_actors)."""
-
-
-def _check_unemulated(config: RunConfig, engine: str) -> None:
-  """On a real engine without --compute-time, the workers run at their own
-  speed: the settings that vary an emulated batch time are refused, and so
-  are --worker-speeds that would not even split the batch (--batch-sizes)."""
-  for field in ("jitter", "straggler_prob", "straggler_slowdown"):
-    if getattr(config.cluster, field) != getattr(ClusterConfig, field):
-      raise ConfigError(field, getattr(config.cluster, field),
-                        f"its default ({getattr(ClusterConfig, field)!r}) with --engine "
-                        f"{engine} unless --compute-time is set (the emulated batch time it "
-                        "varies)")
-  speeds = config.cluster.worker_speeds
-  if speeds is not None and config.data.batch_sizes is not None:
-    raise ConfigError("worker_speeds", speeds, f"unset with --batch-sizes on --engine {engine} "
-                      "unless --compute-time is set: real workers run at their own speed, "
-                      "which the speeds slow to an emulated compute time (without "
-                      "--batch-sizes they split the global batch)")
-
-
-def split_workers(config: RunConfig) -> bool:
-  """Whether a synchronous algorithm's workers on a real engine (mesh, ray)
-  each run their own program on their own share of the batch
-  (jaxdl.engines.split): its split changes (--partition), the workers are
-  slowed for real (--compute-time), or they have devices of their own
-  (--worker-devices)."""
-  c = config.cluster
-  return (c.partition != "static" or c.compute_time is not None
-          or config.distributed.worker_devices is not None)
-
-
-DRY_RUN_ENGINES = ("auto", "sim")
-"""The --engine values that take --dry-run (a simulated schedule: auto then
-picks sim)."""
-
-
-TASK_PREFIX = "task:"
-"""--dataset and --model of a run of a script's own task: task:NAME."""
-
-
-def validate(config: RunConfig) -> RunConfig:
-  """Checks every field that can be checked without data; returns the config.
-  A script's or a registered task (--dataset task:NAME) is resolved by the
-  runner (jaxdl.build.resolve_task), not here."""
-  # Registries are imported here: they pull in flax/optax, and the config
-  # module must stay importable by lightweight tools.
-  from jaxdl import cluster, data, distributed, models, optim, rundir
-  from jaxdl.algorithms.compression import parse_compress
-
-  c = config.flat()
-  check_numbers(c, _field_types() | _settings_types(c["algorithm"]))
-  for field in ("out", "config", "replay", "data_dir"):
-    if c[field] is not None:
-      rundir.check_path(field, c[field])
-  for field in ("batch_size", "workers", "epochs", "log_every", "keep_checkpoints"):
-    _positive(field, c[field])
-  for field in ("steps", "image_size", "lr", "target_accuracy", "price_per_device_hour"):
-    _positive(field, c[field], allow_none=True)  # (the target's range: by its metric, later)
-  for field in ("eval_every", "checkpoint_every", "warmup_steps"):
-    _positive(field, c[field], zero=True)
-  _positive("weight_decay", c["weight_decay"], zero=True, allow_none=True)
-  _positive("momentum", c["momentum"], zero=True, allow_none=True)
-  if c["momentum"] is not None and not c["momentum"] < 1:
-    raise ConfigError("momentum", c["momentum"], "a number in [0, 1), or unset")
-  if not 0 < c["bn_decay"] <= 1:
-    raise ConfigError("bn_decay", c["bn_decay"], "a factor in (0, 1]")
-  if not 0 < c["lr_decay"] <= 1:
-    raise ConfigError("lr_decay", c["lr_decay"], "a factor in (0, 1]")
-  if not all(m > 0 for m in c["lr_milestones"]):  # (NaN too)
-    raise ConfigError("lr_milestones", c["lr_milestones"], "epochs > 0")
-  if c["dry_run"] and config.algorithm.engine not in DRY_RUN_ENGINES:
-    raise ConfigError("dry_run", True, "only with --engine sim (a schedule needs a simulation)")
-  if c["resume"] and c["overwrite"]:
-    raise ConfigError("overwrite", True, "not together with --resume")
-  task = c["dataset"].startswith(TASK_PREFIX)
-  if c["model"].startswith(TASK_PREFIX) and not task:
-    raise ConfigError("model", c["model"], "a name from `jaxdl list` (task:NAME is set by "
-                      "--dataset task:NAME)")
-  if not task:
-    data.check_name(c["dataset"])
-    data.check_image_size(c["dataset"], c["image_size"])
-    models.check_model(c["model"])
-  models.check_compute_dtype(c["compute_dtype"], c["model"])
-  distributed.check(config.distributed)
-  cluster.parse_bandwidth(c["network"])
-  if cluster.is_profile(c["cluster"]):
-    cluster.read_profile(c["cluster"])
-  else:
-    cluster.parse_cluster(c["cluster"])
-  if c["optimizer"] is not None:
-    optim.OPTIMIZERS.get(c["optimizer"])  # an unknown name first, whatever the algorithm
-  parse_compress(c["compress"])
-  parse_compress(c["compress_pull"], "compress_pull")
-  if c["batch_sizes"] is not None or c["worker_speeds"] is not None:
-    batch_sizes(config)  # (equal batches: M of them, once the data has bounded M)
-  policy(config)
-  resolve(config)
-  run_optim(config)  # the optimizer's --opt-args, once the algorithm's recipe is known
-  return config
-
-
-def run_optim(config: RunConfig) -> OptimConfig:
-  """The run's optimizer section with every unset field filled: by the
-  algorithm's defaults for its M workers (AlgorithmSpec.optim_defaults),
-  else jaxdl.optim's; its --opt-args checked against the optimizer."""
-  from jaxdl import optim
-  from jaxdl.algorithms import ALGORITHMS
-  spec = ALGORITHMS.get(config.algorithm.algorithm)
-  rule = spec.optim_defaults and spec.optim_defaults(config.algorithm.workers)
-  filled = optim.with_defaults(config.optim, rule)
-  optim.parse_opt_args(filled.optimizer, filled.opt_args)
-  return filled
-
-
-def recorded(config: RunConfig) -> dict[str, Any]:
-  """config.json's content: `config` with the optimizer section's unset
-  fields filled as the run fills them (run_optim), and DEFAULTS_APPLIED, the
+def recorded(config: RunConfig, filled: OptimConfig) -> dict[str, Any]:
+  """config.json's content: `config` with its optimizer section `filled` as
+  the run fills it (jaxdl.validation.Plan.optim), and DEFAULTS_APPLIED, the
   values so chosen. Read back (`RunConfig.from_dict`), a field still at its
   chosen value is unset again: a rerun chooses it anew by the same rule, for
   its own algorithm and M (the same value where neither changed)."""
-  filled = run_optim(config)
   chosen = {f.name: getattr(filled, f.name) for f in dataclasses.fields(filled)
             if getattr(config.optim, f.name) is None and getattr(filled, f.name) is not None}
   return {**dataclasses.replace(config, optim=filled).to_dict(), DEFAULTS_APPLIED: chosen}
-
-
-def check_target(target: float | None, metric: str = "test_accuracy",
-                 field: str = "target") -> None:
-  """A target score: unset, an accuracy in (0, 1], or another metric's
-  positive value (`field`: the flag that set it)."""
-  t = target
-  if t is None:
-    return
-  if metric == "test_accuracy" and not (math.isfinite(t) and 0 < t <= 1):
-    raise ConfigError(field, t, "an accuracy in (0, 1], or unset" +
-                      (" (95% of SGD's)" if field == "target" else ""))
-  if not (math.isfinite(t) and t > 0):
-    raise ConfigError(field, t, f"a {metric.replace('_', ' ')} > 0, or unset" +
-                      (" (105% of SGD's)" if field == "target" else ""))
-
-
-def policy(config: RunConfig):
-  """The run's partition policy (jaxdl.partition.Policy), checked."""
-  from jaxdl.partition import Policy
-
-  c = config.cluster
-  checked = Policy(c.partition, c.rebalance_every, c.rebalance_window)
-  checked.check_workers(config.algorithm.workers)
-  return checked
-
-
-def resolve(config: RunConfig):
-  """The algorithm's registry entry and the name of the engine that runs it,
-  checked against the rest of the config."""
-  from jaxdl.algorithms import ALGORITHMS, Centralized, Collective, asp, async_bn
-  from jaxdl.engines import engines_for
-
-  cfg = config.algorithm
-  spec = ALGORITHMS.get(cfg.algorithm)
-  settings = config.settings()
-  engines = engines_for(spec.shape)
-  if cfg.engine != "auto":
-    engine = cfg.engine
-  elif (config.output.dry_run or config.cluster.partition != "static") and "sim" in engines:
-    engine = "sim"  # a dry run is a simulated schedule; so, for now, is a partition that changes
-  else:
-    engine = engines[0]
-  if engine not in engines:
-    raise ConfigError("engine", cfg.engine,
-                      f"one of auto, {', '.join(engines)} for {spec.name}")
-  if spec.max_workers is not None and cfg.workers > spec.max_workers:
-    raise ConfigError("workers", cfg.workers,
-                      f"at most {spec.max_workers} for --algorithm {spec.name}")
-  if spec.check is not None:
-    spec.check(settings, config)
-  if cfg.async_bn:
-    async_bn.check(spec.shape, spec.name)
-  asp.check_pull(spec.shape, spec.name, cfg.compress_pull)
-  if config.cluster.servers != 1 and not spec.has_server:
-    servers = ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).has_server)
-    raise ConfigError("servers", config.cluster.servers,
-                      f"1: {spec.name} keeps no parameter server to shard (these do: {servers})")
-  if engine == "ray" and config.cluster.servers != 1 and spec.shape is not Centralized:
-    raise ConfigError("servers", config.cluster.servers,
-                      f"1 with --engine ray for {spec.name}, whose center is one actor "
-                      "(a parameter server's splits: asp, ssp, dc_asgd, lc_asgd)")
-  # a synchronous algorithm's workers may run programs of their own (jaxdl.engines.split)
-  own_programs = engine in EMULATING_ENGINES and spec.shape is Collective
-  emulated = EMULATED if engine in EMULATING_ENGINES else ()  # every algorithm's workers
-  if engine != "sim":
-    for field in SIMULATED_ONLY:
-      value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
-      if value != default and field not in emulated:
-        raise ConfigError(field, value, f"its default ({default!r}) "
-                          f"with --engine {engine}: a setting of the simulated cluster "
-                          "(--engine sim), which a run on real devices does not have")
-  if emulated and config.cluster.compute_time is None:
-    _check_unemulated(config, engine)
-  if config.cluster.partition != "static":
-    if spec.shape is not Collective:
-      raise ConfigError("partition", config.cluster.partition,
-                        f"static for {spec.name}: proportional and adaptive split a synchronous "
-                        "step's global batch (sgd, bsp, ar_sgd, local_sgd, diloco)")
-  if config.distributed.reduce not in ("host", "device"):
-    raise ConfigError("reduce", config.distributed.reduce, "host or device")
-  if config.distributed.reduce != "host" and not (own_programs and split_workers(config)):
-    raise ConfigError("reduce", config.distributed.reduce, "host, unless each worker runs "
-                      "its own program: a synchronous algorithm on --engine mesh or ray with "
-                      "--partition proportional or adaptive, --compute-time or "
-                      "--worker-devices")
-  if config.distributed.worker_devices is not None:
-    if not (engine == "mesh" and spec.shape is Collective):
-      raise ConfigError("worker_devices", config.distributed.worker_devices,
-                        f"left unset for {spec.name} with --engine {engine}: it places a "
-                        "synchronous algorithm's workers on --engine mesh (ray's workers are "
-                        "processes, each on its own devices)")
-    from jaxdl.distributed import worker_devices  # each names a device of this process
-    worker_devices(config.distributed.worker_devices, cfg.workers)
-  if config.distributed.pin_workers and engine != "ray" and not config.output.replay:
-    # (a replay keeps the recorded ray run's config, this flag included)
-    raise ConfigError("pin_workers", True, f"False with --engine {engine} (it places the ray "
-                      "engine's worker processes)")
-  if config.distributed.ray_address is not None and engine != "ray":
-    raise ConfigError("ray_address", config.distributed.ray_address,
-                      f"left unset with --engine {engine} (it is where --engine ray runs)")
-  if cfg.sync_bn and spec.shape is not Collective:
-    raise ConfigError("sync_bn", True, "only with a collective algorithm (sgd, bsp, ar_sgd, "
-                      f"local_sgd, diloco): {spec.name}'s workers share no batch statistics")
-  _check_parallelism(config, spec, engine)
-  return spec, engine
-
-
-PARALLELISMS = ("data", "pipeline", "tensor")
-
-
-def _check_parallelism(config: RunConfig, spec, engine: str) -> None:
-  """--parallelism pipeline's and tensor's conditions: a synchronous
-  algorithm on the mesh engine, a zoo model with stages and splits (without
-  batch norm), micro-batches that divide the batch, workers x stages (or
-  x tensor devices) devices; the other's flags left at their defaults. (That
-  k divides every split dimension: the mesh engine, which builds the model.)"""
-  from jaxdl.algorithms import Collective
-  m = config.model
-  if m.parallelism not in PARALLELISMS:
-    raise ConfigError("parallelism", m.parallelism, "one of " + ", ".join(PARALLELISMS))
-  own = {"pipeline": ("stages", "microbatches", "pipeline_schedule"),
-         "tensor": ("tensor_parallel",)}
-  for parallelism, fields in own.items():
-    for field in fields:
-      value = getattr(m, field)
-      if m.parallelism != parallelism and value != getattr(ModelConfig, field):
-        raise ConfigError(field, value, f"its default ({getattr(ModelConfig, field)}) with "
-                          f"--parallelism {m.parallelism} (it is --parallelism "
-                          f"{parallelism}'s)")
-  if m.parallelism == "data":
-    return
-  if m.compute_dtype != "float32":
-    raise ConfigError("compute_dtype", m.compute_dtype, f"float32 with --parallelism "
-                      f"{m.parallelism} (bfloat16 is for --parallelism data)")
-  what = "a pipeline" if m.parallelism == "pipeline" else "a tensor split"
-  if config.algorithm.compress != "none":
-    raise ConfigError("compress", config.algorithm.compress, f"none with --parallelism "
-                      f"{m.parallelism} ({what} lays the parameters out as padded rows or "
-                      "shards; compression is for data parallelism)")
-  if spec.shape is not Collective or engine != "mesh":
-    raise ConfigError("parallelism", m.parallelism, f"data for {spec.name} with --engine "
-                      f"{engine}: {what} runs a synchronous algorithm (sgd, bsp, ar_sgd, "
-                      "local_sgd, diloco) on --engine mesh")
-  from jaxdl.models import MODELS  # every zoo image model is a sequence of pieces
-  from jaxdl.parallel.tensor import TENSOR_MODELS
-  models = tuple(MODELS.names()) if m.parallelism == "pipeline" else TENSOR_MODELS
-  if m.model not in models or config.data.dataset.startswith(TASK_PREFIX):
-    why = "a sequence of stages" if m.parallelism == "pipeline" else "layers with a split"
-    raise ConfigError("model", m.model, "one of " + ", ".join(models)
-                      + f" with --parallelism {m.parallelism} ({why})")
-  if split_workers(config) or config.algorithm.sync_bn:
-    raise ConfigError("parallelism", m.parallelism, "data with --partition, --compute-time, "
-                      f"--worker-devices or --sync-bn ({what} is one SPMD program)")
-  if m.parallelism == "tensor":
-    k = m.tensor_parallel
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-      raise ConfigError("tensor_parallel", k, "an integer >= 2 (the devices a worker's "
-                        "weights are split over)")
-    _check_devices(config, "tensor_parallel", k, "tensor devices")
-    return
-  from jaxdl.parallel.pipeline import SCHEDULES
-  if m.pipeline_schedule not in SCHEDULES:
-    raise ConfigError("pipeline_schedule", m.pipeline_schedule, "one of " + ", ".join(SCHEDULES))
-  if isinstance(m.stages, bool) or not isinstance(m.stages, int) or m.stages < 2:
-    raise ConfigError("stages", m.stages, "an integer >= 2 (the devices a model is cut over)")
-  if isinstance(m.microbatches, bool) or not isinstance(m.microbatches, int) or \
-      m.microbatches < 1:
-    raise ConfigError("microbatches", m.microbatches, "an integer >= 1")
-  sizes = batch_sizes(config)
-  if len(set(sizes)) > 1 or sizes[0] % m.microbatches:
-    raise ConfigError("microbatches", m.microbatches, f"a divisor of every worker's batch "
-                      f"({', '.join(map(str, sorted(set(sizes))))}): equal batches cut into "
-                      "equal micro-batches")
-  _check_devices(config, "stages", m.stages, "stages")
-
-
-def _check_devices(config: RunConfig, field: str, row: int, unit: str) -> None:
-  """Enough devices for every worker's row of `row` (the value of `field`)."""
-  import jax
-  needed, have = config.algorithm.workers * row, len(jax.devices())
-  if needed > have:
-    most = have // config.algorithm.workers
-    allowed = f"at most {most}" if most >= 2 else "2 or more devices a worker"
-    raise ConfigError(field, row, f"{allowed}: {config.algorithm.workers} workers x "
-                      f"{row} {unit} need {needed} devices, and this process has {have} "
-                      "(on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)")
-
-
-def batch_sizes(config: RunConfig) -> tuple[int, ...]:
-  """Each worker's batch size: --batch-sizes, or the global batch split by
-  --worker-speeds, or --batch-size for everyone."""
-  from jaxdl.data import partition_batch
-
-  m, data = config.algorithm.workers, config.data
-  if data.batch_sizes is not None:
-    if len(data.batch_sizes) != m or any(b <= 0 for b in data.batch_sizes):
-      raise ConfigError("batch_sizes", data.batch_sizes,
-                        f"{m} positive sizes, one per worker (--workers {m})")
-    return tuple(data.batch_sizes)
-  speeds = config.cluster.worker_speeds
-  if speeds is not None:
-    if len(speeds) != m:
-      raise ConfigError("worker_speeds", speeds, f"{m} speeds, one per worker")
-    return partition_batch(data.batch_size * m, speeds)
-  return (data.batch_size,) * m

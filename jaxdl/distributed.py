@@ -25,6 +25,8 @@ def check(cfg) -> None:
                       if count else "an integer >= 0, or unset")
   if not (math.isfinite(cfg.coordinator_timeout) and cfg.coordinator_timeout > 0):
     raise ConfigError("coordinator_timeout", cfg.coordinator_timeout, "seconds > 0")
+  if cfg.reduce not in ("host", "device"):
+    raise ConfigError("reduce", cfg.reduce, "host or device")
 
 
 def initialize(cfg) -> None:

@@ -1,6 +1,7 @@
 """The one exception type for bad user input."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -41,3 +42,13 @@ class TaskError(ConfigError):
   def __init__(self, task: str, part: str, allowed: str):
     ValueError.__init__(self, f"task {task!r}, {part}: {allowed}")
     self.field, self.value, self.allowed = "task", task, allowed
+
+
+def positive(field: str, value: float | int | None, *, allow_none=False, zero=False) -> None:
+  """A ConfigError naming `field` unless `value` is a number > 0 (>= 0 with
+  `zero`; or None with `allow_none`)."""
+  if value is None and allow_none:
+    return
+  ok = value is not None and math.isfinite(value) and (value >= 0 if zero else value > 0)
+  if not ok:
+    raise ConfigError(field, value, "a number >= 0" if zero else "a number > 0")

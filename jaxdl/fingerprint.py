@@ -6,10 +6,11 @@ import hashlib
 import jax
 import numpy as np
 
+from jaxdl.distributed import host_copy
+
 
 def fingerprint(tree) -> str:
   """sha256 over (path, dtype, shape, bytes) of every leaf, in sorted path order."""
-  from jaxdl.distributed import host_copy  # arrays may span processes
   leaves = jax.tree_util.tree_flatten_with_path(host_copy(tree))[0]
   by_path = sorted((jax.tree_util.keystr(path), leaf) for path, leaf in leaves)
   digest = hashlib.sha256()

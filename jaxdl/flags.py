@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import tyro
 
 from jaxdl import parsing
+from jaxdl.algorithms import settings_owners
 from jaxdl.config import RunConfig
 from jaxdl.errors import flag
 from jaxdl.settings import field_docs, field_types
@@ -24,8 +25,6 @@ SETTINGS_SECTION = "algorithm_settings"
 
 def _settings_section(base: RunConfig) -> type:
   """A dataclass with one field per setting name over all algorithms."""
-  from jaxdl.algorithms import settings_owners
-
   current = base.settings_dict()
   fields = []
   for name, specs in settings_owners().items():

@@ -14,6 +14,7 @@ import dataclasses
 import re
 from typing import Any
 
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.errors import ConfigError
 from jaxdl.settings import field_types, symbol
 
@@ -22,7 +23,6 @@ PARTITIONS = ("proportional", "adaptive")  # suffixes of --partition (static: no
 
 
 def _spec(algorithm: str):
-  from jaxdl.algorithms import ALGORITHMS
   return ALGORITHMS.get(algorithm)
 
 
@@ -36,7 +36,6 @@ def part(algorithm: str, field: str, value: Any) -> str:
     return ASYNC_BN
   if field == "partition":
     return value
-  from jaxdl.algorithms import ALGORITHMS
   sym = symbol(ALGORITHMS.get(algorithm).settings, field) if algorithm in ALGORITHMS else None
   return f"{sym or field}{_number(value)}"
 
@@ -50,7 +49,6 @@ def label(algorithm: str, settings: tuple[tuple[str, Any], ...]) -> str:
 def config_label(config: dict) -> str:
   """The variant name of a run's flat config: its settings with a symbol."""
   algorithm = config["algorithm"]
-  from jaxdl.algorithms import ALGORITHMS
   settings = []
   if algorithm in ALGORITHMS:
     cls = ALGORITHMS.get(algorithm).settings
@@ -64,7 +62,6 @@ def config_label(config: dict) -> str:
 def parse(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
   """``ssp_s3`` -> ("ssp", (("staleness_bound", 3),)); ``asp_abn`` ->
   ("asp", (("async_bn", True),)); ``asp`` -> ("asp", ())."""
-  from jaxdl.algorithms import ALGORITHMS
   if text in ALGORITHMS:
     return text, ()
   for name in sorted(ALGORITHMS, key=len, reverse=True):

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import optax
 
-from jaxdl.errors import ConfigError
+from jaxdl.errors import ConfigError, positive
 from jaxdl.registry import Registry
 
 OPTIMIZERS: Registry[Callable[..., optax.GradientTransformation]] = Registry("optimizer")
@@ -50,6 +50,22 @@ def parse_opt_args(optimizer: str, opt_args: str) -> dict[str, Any]:
 # The optimizer's defaults where neither the user nor the algorithm sets them.
 LR, MOMENTUM = 0.05, 0.9
 DEFAULTS = {"optimizer": "sgd", "lr": LR, "momentum": MOMENTUM, "weight_decay": 0.0}
+
+
+def check(cfg) -> None:
+  """The optimizer section's own ranges (an OptimConfig), and its optimizer's name."""
+  positive("lr", cfg.lr, allow_none=True)
+  positive("warmup_steps", cfg.warmup_steps, zero=True)
+  positive("weight_decay", cfg.weight_decay, zero=True, allow_none=True)
+  positive("momentum", cfg.momentum, zero=True, allow_none=True)
+  if cfg.momentum is not None and not cfg.momentum < 1:
+    raise ConfigError("momentum", cfg.momentum, "a number in [0, 1), or unset")
+  if not 0 < cfg.lr_decay <= 1:
+    raise ConfigError("lr_decay", cfg.lr_decay, "a factor in (0, 1]")
+  if not all(m > 0 for m in cfg.lr_milestones):  # (NaN too)
+    raise ConfigError("lr_milestones", cfg.lr_milestones, "epochs > 0")
+  if cfg.optimizer is not None:
+    OPTIMIZERS.get(cfg.optimizer)  # an unknown name first, whatever the algorithm
 
 
 def with_defaults(cfg, defaults: dict | None = None):

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from jaxdl.config import _type_name
+from jaxdl.config import type_name
 from jaxdl.errors import ArgvError, ConfigError, flag
 from jaxdl.settings import field_docs
 
@@ -100,7 +100,7 @@ def _kind(hint: Any) -> str:
     return f"values, each {_kind(args[0])}"
   if hint is bool:
     return "no value"
-  return _type_name(hint)
+  return type_name(hint)
 
 
 def _flag_types(cls: type) -> dict[str, Any]:

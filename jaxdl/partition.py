@@ -65,6 +65,15 @@ class Policy:
         raise ConfigError(field, value, "an integer >= 1 (steps)" if field.endswith("every")
                           else "an integer >= 1 (batches per worker)")
 
+  @classmethod
+  def of(cls, config) -> Policy:
+    """The policy of a run's config (a RunConfig: its --partition,
+    --rebalance-every and --rebalance-window, for its --workers), checked."""
+    c = config.cluster
+    policy = cls(c.partition, c.rebalance_every, c.rebalance_window)
+    policy.check_workers(config.algorithm.workers)
+    return policy
+
   def check_workers(self, workers: int) -> None:
     """Refuses a split that changes among fewer than two workers: one holds
     the whole global batch, and there is nothing to split."""

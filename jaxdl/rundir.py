@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from jaxdl import trace
 from jaxdl.config import ENVIRONMENT
 from jaxdl.errors import ConfigError
@@ -24,7 +26,6 @@ def environment() -> dict[str, Any]:
   """What a run's parameters depend on besides its config: the backend, the
   device count (e.g. ar_sgd's reductions are ordered by the mesh), XLA_FLAGS
   and the jax version."""
-  import jax
   return {"backend": jax.default_backend(), "devices": jax.device_count(),
           "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_version": jax.__version__}
 

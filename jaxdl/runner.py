@@ -10,18 +10,21 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxdl import distributed, rundir, trace
-from jaxdl.build import Cadence, Setup, build_task, prepare, resolve_task
+from jaxdl.build import Setup, assemble, build_task, prepare, resolve_task
+from jaxdl.cadence import Cadence
 from jaxdl.checkpoint import Checkpointer, abstract, placed_like
-from jaxdl.config import (ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, recorded, resolve,
-                          validate)
+from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, recorded
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
+from jaxdl.engines.sim import compute_as_recorded
 from jaxdl.errors import ConfigError
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import count_params
 from jaxdl.task import Task
+from jaxdl.validation import validate
 
 __all__ = ["Setup", "build_task", "prepare", "resolve_task", "run", "setup"]
 
@@ -37,12 +40,26 @@ def default_out(config: RunConfig) -> Path:
 
 def setup(config: RunConfig, streams: Streams | None = None, task: Task | None = None) -> Setup:
   """Validates `config` and builds its task (`task`, or the config's dataset
-  and model), data streams, algorithm and engine; writes nothing. `streams`
-  replaces the task's data streams (tests)."""
-  built = prepare(config, streams, task)
-  engine_name = resolve(built.config)[1]
-  built.engine = ENGINES.get(engine_name)(built.algorithm, built.problem, built.streams,
-                                          built.config, built.total_steps)
+  and model), data streams, algorithm and engine; writes nothing.
+
+  Args:
+    config: the run's config.
+    streams: every worker's data stream, in place of the task's (tests).
+    task: a script's own task, in place of --dataset and --model.
+
+  Returns:
+    The Setup, with its engine (close it when done: `Engine.close`).
+
+  Raises:
+    ConfigError: the first field the validation refuses.
+  """
+  return _with_engine(prepare(config, streams, task))
+
+
+def _with_engine(built: Setup) -> Setup:
+  """`built` with its engine."""
+  built.engine = ENGINES.get(built.engine_name)(built.algorithm, built.problem, built.streams,
+                                                built.config, built.total_steps)
   return built
 
 
@@ -105,14 +122,23 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   `divergence`) stops and returns, without raising, a summary whose
   ``"status"`` is ``"diverged"`` (else ``"completed"``).
 
-  `task`: a script's own `jaxdl.Task` (model, loss, data, evaluation) in
-  place of --dataset and --model, which then name it ``task:NAME``; a
-  resume passes the same task again.
+  Args:
+    config: the run's config (None: the defaults).
+    task: a script's own `jaxdl.Task` (model, loss, data, evaluation) in
+      place of --dataset and --model, which then name it ``task:NAME``; a
+      resume passes the same task again.
+    announce: called with the run directory once the config is accepted.
+    **overrides: flat fields replacing `config`'s (``lr=0.1``).
+
+  Returns:
+    The summary (summary.json's content).
+
+  Raises:
+    ConfigError: bad input, before anything is written.
   """
   config, task = resolve_task((config or RunConfig()).replace(**overrides), task)
-  validate(config)
+  plan = validate(config)
   if config.output.replay:
-    from jaxdl.engines.sim import compute_as_recorded
     warning = compute_as_recorded(config.output.replay)
     if warning:
       warnings.warn(warning, stacklevel=3)  # at the caller of jaxdl.run
@@ -120,7 +146,7 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():
     rundir.check_output(out, config.output.resume, config.output.overwrite)
-  built = setup(config, task=task)
+  built = _with_engine(assemble(plan, task))
   try:
     resume = config.output.resume
     resuming = resume and (out / rundir.CONFIG).exists()
@@ -136,7 +162,7 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
           rundir.clear_run_files(out)
       out.mkdir(parents=True, exist_ok=True)
       rundir.write_json(out / rundir.CONFIG,
-                        {**recorded(config), ENVIRONMENT: rundir.environment()})
+                        {**recorded(config, plan.optim), ENVIRONMENT: rundir.environment()})
       rundir.write_json(out / rundir.CLUSTER, {"processes": built.engine.processes()})
       if announce is not None:
         announce(out)
@@ -216,7 +242,6 @@ class _Training:
     return self.wall_offset + time.perf_counter() - self.t0
 
   def run(self) -> dict[str, Any]:
-    from tqdm.auto import tqdm
     s = self.s
     self.t0 = time.perf_counter()
     bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from importlib import metadata
 from typing import Any, Callable, Hashable, Mapping
 
 import jax
@@ -24,8 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxdl.data.fields import Data, FunctionData, IterableData, to_data
+from jaxdl.data.fields import Data, FunctionData, ImageFields, IterableData, to_data
 from jaxdl.errors import TaskError
+from jaxdl.models import TEXT_MODELS
+from jaxdl.models.base import nnx_functions
 from jaxdl.registry import Registry
 
 __all__ = ["TASKS", "Data", "FunctionData", "IterableData", "Task", "classification",
@@ -140,8 +143,6 @@ def weighted_cross_entropy(logits_BxK, labels_B, weights_B) -> jax.Array:
 def classification(model, dataset=None) -> Task:
   """Image classification: softmax cross-entropy of a zoo `Model` on a `Dataset`
   (None: on batches given otherwise), evaluated by accuracy (and loss)."""
-  from jaxdl.data.fields import ImageFields
-
   def loss(params, model_state, batch, key, stats=None):
     del key  # the zoo's models are deterministic
     logits_BxK, model_state = model.apply(params, model_state, batch["image"], True, stats)
@@ -166,7 +167,6 @@ def language_model(dataset, model: str = "transformer") -> Task:
   """Next-character prediction on a `TextDataset` with a text model
   (jaxdl.models.TEXT_MODELS), reported in nats per character and perplexity,
   with the unigram baseline in the summary."""
-  from jaxdl.models import TEXT_MODELS
   build = TEXT_MODELS.get(model)
   init, apply = from_nnx(lambda rngs: build(len(dataset.vocab), dataset.context, rngs=rngs))
 
@@ -223,7 +223,6 @@ def from_nnx(build: Callable[..., Any]) -> tuple[Callable, Callable]:
   model_state, *args, **kwargs) -> (output, model_state)`` calls the module
   on a copy rebuilt from them and returns the state it leaves.
   """
-  from jaxdl.models.base import nnx_functions
   return nnx_functions(build)
 
 
@@ -237,16 +236,15 @@ ENTRY_POINTS = "jaxdl.tasks"
 
 def task_names() -> list[str]:
   """The registered tasks' names and those of installed packages (not imported)."""
-  from importlib.metadata import entry_points
-  return list(dict.fromkeys(TASKS.names() + [e.name for e in entry_points(group=ENTRY_POINTS)]))
+  installed = [e.name for e in metadata.entry_points(group=ENTRY_POINTS)]
+  return list(dict.fromkeys(TASKS.names() + installed))
 
 
 def registered(name: str) -> Task:
   """The registered task `name` (one of `task_names()`), built; an installed
   package's is imported now."""
   if name not in TASKS:
-    from importlib.metadata import entry_points
-    for entry in entry_points(group=ENTRY_POINTS, name=name):
+    for entry in metadata.entry_points(group=ENTRY_POINTS, name=name):
       TASKS.register(name)(entry.load())
   task = TASKS.get(name)()
   if not isinstance(task, Task) or task.name != name:

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 
 from jaxdl import algorithms
-from jaxdl.config import RunConfig, resolve
+from jaxdl.config import RunConfig
 from jaxdl.data import Streams, WorkerStreams, load_dataset
 from jaxdl.engines import ENGINES
 from jaxdl.models import build_model
@@ -117,8 +117,8 @@ def frozen_layer_engine(config: RunConfig, layer: str = FIRST_LAYER, total_steps
   problem = dataclasses.replace(built.problem, optimizer=optimizer)
   algorithm = algorithms.build(built.spec, built.config.settings(), problem,
                                built.config.algorithm.workers)
-  return ENGINES.get(resolve(built.config)[1])(algorithm, problem, built.streams, built.config,
-                                               built.total_steps)
+  return ENGINES.get(built.engine_name)(algorithm, problem, built.streams, built.config,
+                                        built.total_steps)
 
 
 def frozen_part(params, layer: str = FIRST_LAYER) -> np.ndarray:

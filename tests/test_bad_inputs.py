@@ -282,14 +282,14 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
   out = tmp_path / "run"
   line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "asp", "--workers", "2",
                           "--pin-workers"], "--pin-workers", out)
-  assert "False with --engine sim" in line
+  assert "its default (False) with --engine sim" in line
 
 
 @pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "bsp", "--parallelism", "zigzag"], "--parallelism",
      "one of data, pipeline, tensor"),
     (["--algorithm", "asp", "--parallelism", "tensor"], "--parallelism",
-     "data for asp with --engine sim: a tensor split runs a synchronous algorithm"),
+     "('data') with --engine sim: it is --engine mesh's (a worker's model over"),
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "1"],
      "--tensor-parallel", "an integer >= 2"),
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "3",
@@ -302,9 +302,9 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--dataset", "python_docs",
       "--model", "transformer"], "--model", "one of mlp, cnn, cnn_bn, vit, resnet18"),
     (["--algorithm", "asp", "--parallelism", "pipeline"], "--parallelism",
-     "data for asp with --engine sim: a pipeline runs a synchronous algorithm"),
+     "('data') with --engine sim: it is --engine mesh's"),
     (["--algorithm", "bsp", "--engine", "sim", "--parallelism", "pipeline"], "--parallelism",
-     "data for bsp with --engine sim"),
+     "('data') with --engine sim"),
     (["--algorithm", "bsp", "--parallelism", "pipeline", "--dataset", "python_docs",
       "--model", "transformer"], "--model", "one of mlp, cnn, cnn_bn, resnet18, resnet34, "
      "resnet50, vgg11, vgg11_bn, vgg16, vgg16_bn, vit with --parallelism pipeline"),
@@ -360,11 +360,11 @@ def test_a_target_or_price_out_of_range_is_refused(tmp_path, capsys, args, flag,
       "1", "0.25"], "--worker-speeds", "unset with --batch-sizes on --engine ray unless "
      "--compute-time is set"),
     (["--algorithm", "asp", "--engine", "ray", "--compute-time", "0.1", "--latency", "0.01"],
-     "--latency", "a setting of the simulated cluster (--engine sim), which a run on real"),
+     "--latency", "with --engine ray: it is --engine sim's (a setting of the simulated cluster"),
     (["--algorithm", "bsp", "--engine", "ray", "--jitter", "0.1"], "--jitter",
      "unless --compute-time is set (the emulated batch time it varies)"),
     (["--algorithm", "bsp", "--engine", "ray", "--compute-time", "0.1", "--network", "1gbps"],
-     "--network", "a setting of the simulated cluster (--engine sim), which a run on real"),
+     "--network", "with --engine ray: it is --engine sim's (a setting of the simulated cluster"),
     (["--algorithm", "bsp", "--engine", "ray", "--reduce", "device"], "--reduce",
      "host, unless each worker runs its own program"),
     (["--algorithm", "asp", "--engine", "ray", "--worker-speeds", "1", "2", "--reduce",
@@ -373,7 +373,7 @@ def test_a_target_or_price_out_of_range_is_refused(tmp_path, capsys, args, flag,
     (["--algorithm", "bsp", "--engine", "mesh", "--worker-devices", "cpu", "tpu"],
      "--worker-devices", "'tpu' is not one"),
     (["--algorithm", "bsp", "--engine", "sim", "--worker-devices", "cpu", "cpu"],
-     "--worker-devices", "left unset for bsp with --engine sim"),
+     "--worker-devices", "left unset with --engine sim: it is --engine mesh's"),
 ])
 def test_a_partition_that_cannot_run_is_refused(tmp_path, capsys, args, flag, says):
   out = tmp_path / "run"

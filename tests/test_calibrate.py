@@ -7,7 +7,8 @@ import pytest
 import jaxdl
 from jaxdl.cli import main
 from jaxdl.cluster import read_profile
-from jaxdl.config import RunConfig, validate
+from jaxdl.config import RunConfig
+from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 
 PROFILE = dict(model="mlp", dataset="digits", batch_size=16, compute_time=0.01,

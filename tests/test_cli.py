@@ -1,4 +1,5 @@
 """The command line: help, list, bad input, rerun, and resume after SIGKILL."""
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -16,7 +17,9 @@ from jaxdl.algorithms import ALGORITHMS, settings_owners
 from jaxdl.cli import main, script_args
 from jaxdl.cluster import DEVICE_PROFILES
 from jaxdl.config import RunConfig
-from jaxdl.engines import engines_for
+from jaxdl.engines import ENGINES, engines_for
+from jaxdl.errors import flag
+from jaxdl.task import task_names
 from tests.helpers import jaxdl_command
 
 QUICK = ["--model", "mlp", "--epochs", "1", "--no-progress"]
@@ -53,8 +56,14 @@ def test_list_prints_every_registry(capsys):
   lines = out.split("algorithms (--algorithm)")[1].split("engines (--engine)")[0].splitlines()
   for name in ALGORITHMS:  # each algorithm with its shape and engines, then its settings
     spec = ALGORITHMS.get(name)
-    row = next(l for l in lines if l.split()[:1] == [name])
-    assert f"[{spec.shape.__name__.lower()}; engines: {', '.join(engines_for(spec.shape))}]" in row
+    row = next(i for i, l in enumerate(lines) if l.split()[:1] == [name])
+    assert (f"[{spec.shape.__name__.lower()}; engines: {', '.join(engines_for(spec.shape))}]"
+            in lines[row])
+    flags = [l.split()[0] for l in lines[row + 1:row + 1 + len(dataclasses.fields(spec.settings))]]
+    assert flags == [flag(f.name) for f in dataclasses.fields(spec.settings)], name
+  engines = out.split("engines (--engine)")[1].splitlines()
+  assert all(any(l.split()[:1] == [name] for l in engines) for name in ENGINES)
+  assert all(f"task:{name}" in out for name in task_names())
   ssp = lines.index(next(l for l in lines if l.split()[:1] == ["ssp"]))
   assert lines[ssp + 1].split()[:2] == ["--staleness-bound", "3"]
   assert "SSP's bound s" in lines[ssp + 1]

@@ -7,7 +7,7 @@ import pytest
 from jaxdl import compare
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, Grid, Variant
-from jaxdl.config import validate
+from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 
 
@@ -212,12 +212,12 @@ def test_a_diverged_cell_is_reported_not_failed_and_not_rerun(tmp_path, capsys):
 
 def test_compare_help_lists_the_run_flags_it_passes_on(capsys):
   from jaxdl.compare import PER_CELL
-  from jaxdl.config import _field_owner
+  from jaxdl.config import field_owner
   with pytest.raises(SystemExit):
     main(["compare", "--help"])
   text = " ".join(capsys.readouterr().out.split())
   shared, refused = text.split("Run flags passed on to every cell")[1].split("Set per cell")
-  for field in _field_owner():
+  for field in field_owner():
     flag = "--" + field.replace("_", "-")
     assert (flag + "," in refused or flag + " (" in refused) == (field in PER_CELL), flag
     assert (flag + "," in shared or flag + ";" in shared) == (field not in PER_CELL), flag
@@ -275,7 +275,8 @@ def test_a_sweep_over_a_setting_without_a_flag_of_its_own(tmp_path):
     expected = {"easgd_alpha0.25": 0.25, "easgd_alpha0.75": 0.75}.get(cell.variant)
     assert cell.overrides.get("elasticity") == expected, cell.name
     config = grid.config(cell, tmp_path)
-    assert validate(config).flat().get("elasticity") == expected, cell.name
+    validate(config)
+    assert config.flat().get("elasticity") == expected, cell.name
   # Run for real: each cell trains with its own elasticity (the results differ).
   out = tmp_path / "cmp"
   assert main(["compare", "--out", str(out), "--algorithms", "easgd", "--workers", "2",

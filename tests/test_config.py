@@ -6,7 +6,8 @@ import pytest
 from jaxdl.algorithms.asp import SSPSettings
 from jaxdl.algorithms.easgd import EASGDSettings
 from jaxdl.algorithms.local_sgd import LocalSGDSettings
-from jaxdl.config import RunConfig, recorded, run_optim, validate
+from jaxdl.config import RunConfig, recorded
+from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 
 
@@ -40,7 +41,7 @@ def test_unreadable_config_file_names_the_path(tmp_path):
 
 
 def test_default_config_is_valid():
-  assert validate(RunConfig()) == RunConfig()
+  assert validate(RunConfig()).config == RunConfig()
 
 
 @pytest.mark.parametrize("field,value,fragment", [
@@ -229,17 +230,18 @@ def test_a_recorded_config_chooses_anew_what_a_rule_chose(tmp_path):
   sqrt(4), momentum max(0, 0.9 - 3/4)); read back, they are chosen anew: the
   same for 4 workers, 2's own for 2, and a value edited in the file is kept."""
   config = RunConfig.make(algorithm="asp", workers=4)
-  written = recorded(config)
+  written = recorded(config, validate(config).optim)
   assert (written["optim"]["lr"], written["optim"]["momentum"]) == pytest.approx((0.025, 0.15))
   assert set(written["defaults_applied"]) == {"optimizer", "lr", "momentum", "weight_decay"}
   path = tmp_path / "config.json"
   path.write_text(json.dumps(written))
   assert RunConfig.load(str(path)) == config  # what no flag set is unset again
-  two = run_optim(RunConfig.load(str(path)).replace(workers=2))
+  two = validate(RunConfig.load(str(path)).replace(workers=2)).optim
   assert (two.lr, two.momentum) == pytest.approx((0.05 / 2**0.5, 0.4))
   written["optim"]["lr"] = 0.01
   path.write_text(json.dumps(written))
-  edited = run_optim(RunConfig.load(str(path)).replace(workers=2))
+  edited = validate(RunConfig.load(str(path)).replace(workers=2)).optim
   assert (edited.lr, edited.momentum) == pytest.approx((0.01, 0.4))
   # what the user set is the user's, not a rule's
-  assert recorded(config.replace(lr=0.1))["defaults_applied"].get("lr") is None
+  own = config.replace(lr=0.1)
+  assert recorded(own, validate(own).optim)["defaults_applied"].get("lr") is None

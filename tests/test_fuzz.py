@@ -33,6 +33,7 @@ from jaxdl.config import RunConfig
 from jaxdl.errors import flag
 from jaxdl.report import Report, ReportArgs
 from tests.helpers import snapshot
+from tests import marks
 
 NUMBERS = st.one_of(st.integers(-3, 40).map(str),
                     st.sampled_from(["0.5", "1e-3", "-0.1", "1.5", "nan", "inf", "1e9", ""]))
@@ -212,8 +213,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def sweep(budget: int):
   """The sweep's budget by default, and ten times it with the slow tests."""
-  return pytest.mark.parametrize("examples", [budget, pytest.param(10 * budget,
-                                                                   marks=pytest.mark.slow)])
+  return pytest.mark.parametrize("examples", [budget, marks.slow(10 * budget)])
 
 
 def run_base(flag_name: str, out: Path) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import jaxdl_command
+from tests import marks
 
 # Two training cells long enough to be running when the signal comes, and
 # their timing cells (dry runs), which finish before it in the third job.
@@ -51,9 +52,9 @@ def _wait(predicate, seconds: float) -> bool:
   return predicate()
 
 
-@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+@pytest.mark.parametrize("signum", [marks.slow(signal.SIGINT),
                                     signal.SIGTERM,
-                                    pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
+                                    marks.slow(signal.SIGKILL)],
                          ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_an_interrupted_compare_leaves_no_process(tmp_path, signum):
   out = tmp_path / "cmp"

@@ -27,15 +27,25 @@ def _snippet(section: str) -> str:
 
 @pytest.fixture
 def example(request):
-  """Runs a README snippet as a module; removes what it registered afterwards."""
+  """Runs a README snippet as a module; removes what it registered afterwards,
+  and puts back an entry of the same name registered before (the same
+  example installed as a module of the package)."""
+  code = _snippet(request.param)
+  names = re.findall(r'AlgorithmSpec\("(\w+)"|ENGINES\.register\("(\w+)"', code)
+  saved = [(registry, name, registry.get(name), registry.doc(name)) for pair in names
+           for registry, name in zip((ALGORITHMS, ENGINES), pair) if name in registry]
+  for registry, name, _, _ in saved:
+    registry.remove(name)
   before_algorithms, before_engines = set(ALGORITHMS), set(ENGINES)
   namespace = {"__name__": "readme_example"}
-  exec(compile(_snippet(request.param), str(README), "exec"), namespace)
+  exec(compile(code, str(README), "exec"), namespace)
   yield namespace
   for name in set(ALGORITHMS) - before_algorithms:
     ALGORITHMS.remove(name)
   for name in set(ENGINES) - before_engines:
     ENGINES.remove(name)
+  for registry, name, entry, doc in saved:
+    registry.register(name, doc)(entry)
 
 
 @pytest.mark.parametrize("example", ["Adding an algorithm"], indirect=True)

@@ -61,7 +61,7 @@ import jax
 from jaxdl.algorithms import pairwise
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
 from jaxdl.algorithms.shapes import Decentralized
-from jaxdl.settings import Settings, require, setting
+from jaxdl.settings import Settings, between, setting
 
 
 class PeerWorker(NamedTuple):
@@ -75,12 +75,9 @@ class PeerWorker(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ADPSGDSettings(Settings):
-  consensus_step: float = setting(0.05, symbol="gamma")
+  consensus_step: float = setting(0.05, symbol="gamma",
+                                 allowed=between(0, 1, low_open=True, noun="a step size"))
   """With --compress: CHOCO-SGD's consensus step gamma in (0, 1], x_m <- x_m + gamma (r_{k->m} - r_{m->k}) (and k the opposite), which keeps the pair's mean. The default 0.05 trained with topk:0.01, topk:0.1, randk:0.1, qsgd:16, sign and powersgd:2 at 4 and 8 workers (docs/results.md); 0.25 diverged with randk:0.1, qsgd:16 and powersgd:2. 0.5 with topk:1 is the uncompressed average. Without --compress the average is exact, (x_m + x_k) / 2, whatever this is."""
-
-  def validate(self) -> None:
-    gamma = self.consensus_step
-    require("consensus_step", gamma, 0 < gamma <= 1, "a step size in (0, 1]")
 
 
 class Offer(NamedTuple):

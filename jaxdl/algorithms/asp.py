@@ -45,7 +45,8 @@ from jaxdl.algorithms import compression
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, server_evaluated
 from jaxdl.algorithms.shapes import Centralized
 from jaxdl.errors import ConfigError
-from jaxdl.settings import Settings, require, setting
+from jaxdl.optim import LR, MOMENTUM
+from jaxdl.settings import Settings, at_least, setting
 
 
 class ServerState(NamedTuple):
@@ -177,7 +178,6 @@ def staleness_defaults(num_workers: int) -> dict:
   DC-ASGD and LC-ASGD reach >= 0.91 on digits at 4, 8 and 16 workers, where
   lr 0.05 with momentum 0.9 diverged (bench/defaults.py, BENCHMARKS.md).
   """
-  from jaxdl.optim import LR, MOMENTUM
   return {"lr": LR / math.sqrt(num_workers),
           "momentum": max(0.0, MOMENTUM - (1.0 - 1.0 / num_workers))}
 
@@ -198,12 +198,9 @@ def build_asp(settings: Settings, problem: Problem, num_workers: int) -> Central
 
 @dataclasses.dataclass(frozen=True)
 class SSPSettings(Settings):
-  staleness_bound: int = setting(3, symbol="s")
+  staleness_bound: int = setting(3, symbol="s", allowed=at_least(
+      0, note="iterations the fastest worker may lead"))
   """SSP's bound s: a worker may start iteration c once the slowest has finished c - s."""
-
-  def validate(self) -> None:
-    require("staleness_bound", self.staleness_bound, self.staleness_bound >= 0,
-            "an integer >= 0 (iterations the fastest worker may lead)")
 
 
 def build_ssp(settings: SSPSettings, problem: Problem, num_workers: int) -> Centralized:

@@ -12,8 +12,9 @@ import optax
 
 from jaxdl.algorithms import compression
 from jaxdl.algorithms.collectives import WorkerAxis
-from jaxdl.models.layers import BatchStats
+from jaxdl.algorithms.shapes import Centralized, Elastic
 from jaxdl.errors import TaskError
+from jaxdl.models.layers import BatchStats
 from jaxdl.settings import Settings
 from jaxdl.task import Task
 
@@ -70,6 +71,19 @@ class Problem:
   the global batch's mean loss (Choi's weighted aggregation), and padded
   examples (weight 0) count for nothing. A task's loss is its batch's mean
   times the share, or, for a `weighted` task, its own weighted sum.
+
+  Attributes:
+    task: the model, loss, data and evaluation (jaxdl.task.Task).
+    optimizer: the run's optax rule, which every algorithm's update applies.
+    sync_bn: batch-norm statistics over all workers' batches (a collective
+      algorithm's).
+    async_bn: a worker's batch-norm state holds its last batch's statistics,
+      which a server averages (Async-BN).
+    seed: the loss's keys derive from it.
+    compress: NAME[:ARG] of what a worker's outgoing message goes through,
+      with error feedback ("none": nothing).
+    compress_pull: NAME[:ARG] of what a parameter server's reply goes
+      through, with the server's own error feedback.
   """
   task: Task
   optimizer: optax.GradientTransformation
@@ -284,10 +298,23 @@ class AlgorithmSpec:
   `optim_defaults(num_workers)` gives values for the optimizer section's
   fields the user leaves unset (optimizer, lr, momentum, weight_decay;
   jaxdl.optim.with_defaults: a recipe that names an optimizer holds only
-  for it), with `optim_rule` saying how, for `jaxdl list` and the docs. `server` says whether it keeps a
-  parameter server that --servers shards (unset: a centralized or elastic
-  shape does).
+  for it), with `optim_rule` saying how, for `jaxdl list` and the docs.
+  `server` says whether it keeps a parameter server that --servers shards
+  (unset: a centralized or elastic shape does).
   The engines that can run it are those that declare its shape.
+
+  Attributes:
+    name: the --algorithm name.
+    doc: one line for `jaxdl list`.
+    shape: the record `build` returns (Collective, Centralized, ...).
+    build: ``(settings, problem, num_workers) -> shape``.
+    settings: its Settings dataclass (each field a flag, with its range).
+    max_workers: the most workers it runs (None: no limit).
+    check: ``(settings, config) -> None``, raising a ConfigError.
+    optim_defaults: ``num_workers -> {field: value}`` for the unset
+      optimizer fields (None: jaxdl.optim's defaults).
+    optim_rule: how `optim_defaults` chooses, in words.
+    server: whether --servers shards it (None: by its shape).
   """
   name: str
   doc: str
@@ -302,5 +329,4 @@ class AlgorithmSpec:
 
   @property
   def has_server(self) -> bool:
-    from jaxdl.algorithms.shapes import Centralized, Elastic
     return self.server if self.server is not None else self.shape in (Centralized, Elastic)

@@ -19,21 +19,17 @@ from jaxdl.algorithms import asp
 from jaxdl.algorithms.base import AlgorithmSpec, Problem
 from jaxdl.algorithms.compensation import delay_compensation
 from jaxdl.algorithms.shapes import Centralized
-from jaxdl.settings import Settings, require
+from jaxdl.settings import Settings, at_least, between, setting
 
 
 @dataclasses.dataclass(frozen=True)
 class DCSettings(Settings):
-  dc_lambda: float = 0.04
+  dc_lambda: float = setting(0.04, allowed=at_least(0))
   """DC-ASGD's lambda (constant, DC-ASGD-c), or lambda0 with --dc-adaptive."""
   dc_adaptive: bool = False
   """DC-ASGD-a: lambda_t = dc_lambda / sqrt(v_t), v_t a moving mean square of the gradients (the paper: lambda0 2)."""
-  dc_beta: float = 0.95
+  dc_beta: float = setting(0.95, allowed=between(0, 1, high_open=True, noun="a decay"))
   """DC-ASGD-a's decay of the gradients' moving mean square."""
-
-  def validate(self) -> None:
-    require("dc_lambda", self.dc_lambda, self.dc_lambda >= 0, "a number >= 0")
-    require("dc_beta", self.dc_beta, 0 <= self.dc_beta < 1, "a decay in [0, 1)")
 
 
 def build(settings: DCSettings, problem: Problem, num_workers: int) -> Centralized:

@@ -57,7 +57,7 @@ from jax import lax
 from jaxdl.algorithms import ar_sgd
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
 from jaxdl.algorithms.shapes import Collective
-from jaxdl.settings import Settings, require, setting
+from jaxdl.settings import Settings, above, at_least, between, one_of, setting
 
 # (outer lr, outer momentum) -> the outer optimizer, which descends on Delta.
 OUTER_OPTIMIZERS: dict[str, Callable[[float, float], optax.GradientTransformation]] = {
@@ -81,23 +81,16 @@ def inner_recipe(num_workers: int) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class DiLoCoSettings(Settings):
-  inner_steps: int = setting(10, symbol="h")
+  inner_steps: int = setting(10, symbol="h", allowed=at_least(
+      1, note="inner steps between outer steps"))
   """DiLoCo's H: steps of the run's --optimizer each worker takes between outer steps (the paper's 500 is for ~88k-step language-model runs)."""
-  outer_optimizer: str = "nesterov"
+  outer_optimizer: str = setting("nesterov", allowed=one_of(*OUTER_OPTIMIZERS))
   """DiLoCo's outer optimizer, applied to the averaged parameter delta: nesterov (SGD with Nesterov momentum, the paper's), sgd (heavy-ball momentum; at --outer-lr 1 and --outer-momentum 0, plain model averaging) or adam (b1 = --outer-momentum)."""
-  outer_lr: float = 0.7
+  outer_lr: float = setting(0.7, allowed=above(0))
   """DiLoCo's outer learning rate (the paper's 0.7); constant."""
-  outer_momentum: float = 0.9
+  outer_momentum: float = setting(0.9, allowed=between(0, 1, high_open=True))
   """DiLoCo's outer momentum (the paper's 0.9), in [0, 1)."""
 
-  def validate(self) -> None:
-    require("inner_steps", self.inner_steps, self.inner_steps >= 1,
-            "an integer >= 1 (inner steps between outer steps)")
-    require("outer_optimizer", self.outer_optimizer, self.outer_optimizer in OUTER_OPTIMIZERS,
-            "one of " + ", ".join(OUTER_OPTIMIZERS))
-    require("outer_lr", self.outer_lr, self.outer_lr > 0, "a number > 0")
-    require("outer_momentum", self.outer_momentum, 0 <= self.outer_momentum < 1,
-            "a number in [0, 1)")
 
   def outer(self) -> optax.GradientTransformation:
     """The outer optimizer these settings name."""

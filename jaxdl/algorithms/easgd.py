@@ -29,7 +29,7 @@ import jax
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, server_evaluated
 from jaxdl.algorithms.shapes import Elastic
-from jaxdl.settings import Settings, require, setting
+from jaxdl.settings import Settings, at_least, between, setting
 
 
 class Center(NamedTuple):
@@ -45,16 +45,11 @@ class ElasticWorker(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class EASGDSettings(Settings):
-  communication_period: int = setting(4, symbol="tau")
+  communication_period: int = setting(4, symbol="tau", allowed=at_least(
+      1, note="local steps between exchanges"))
   """EASGD's tau: local steps between elastic exchanges with the center."""
-  elasticity: float | None = setting(None, symbol="alpha")
+  elasticity: float | None = setting(None, symbol="alpha", allowed=between(0, 1))
   """EASGD's alpha: the fraction of the worker-center difference exchanged (unset: 0.9 / M)."""
-
-  def validate(self) -> None:
-    require("communication_period", self.communication_period, self.communication_period >= 1,
-            "an integer >= 1 (local steps between exchanges)")
-    require("elasticity", self.elasticity,
-            self.elasticity is None or 0 <= self.elasticity <= 1, "a number in [0, 1]")
 
 
 def local(problem: Problem, worker: TrainState | ElasticWorker, batch):

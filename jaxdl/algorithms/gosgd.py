@@ -38,7 +38,7 @@ from jaxdl.algorithms import pairwise
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
 from jaxdl.algorithms.easgd import local as _local
 from jaxdl.algorithms.shapes import Gossip
-from jaxdl.settings import Settings, require, setting
+from jaxdl.settings import Settings, between, setting
 
 
 class GossipWorker(NamedTuple):
@@ -58,12 +58,9 @@ class Message(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class GoSGDSettings(Settings):
-  gossip_probability: float = setting(0.1, symbol="p")
+  gossip_probability: float = setting(0.1, symbol="p",
+                                     allowed=between(0, 1, noun="a probability"))
   """GoSGD's p: probability that a worker gossips after a local step."""
-
-  def validate(self) -> None:
-    p = self.gossip_probability
-    require("gossip_probability", p, 0 <= p <= 1, "a probability in [0, 1]")
 
 
 def send(problem: Problem, sender: GossipWorker, peer) -> tuple[GossipWorker, Message]:

@@ -39,20 +39,15 @@ from jaxdl.algorithms.base import AlgorithmSpec, Problem
 from jaxdl.algorithms.compensation import loss_compensation
 from jaxdl.algorithms.predictors import LossPredictor, StepPredictor
 from jaxdl.algorithms.shapes import Centralized
-from jaxdl.settings import Settings, require
+from jaxdl.settings import Settings, at_least, setting
 
 
 @dataclasses.dataclass(frozen=True)
 class LCSettings(Settings):
-  lc_lambda: float = 0.01
+  lc_lambda: float = setting(0.01, allowed=at_least(0))
   """LC-ASGD's lambda: workers descend on loss + lambda * l_delay, the predicted losses of the updates landing before their gradient."""
-  lc_max_delay: int | None = None
+  lc_max_delay: int | None = setting(None, allowed=at_least(1))
   """LC-ASGD: the longest delay the loss predictor rolls out (unset: 2 M)."""
-
-  def validate(self) -> None:
-    require("lc_lambda", self.lc_lambda, self.lc_lambda >= 0, "a number >= 0")
-    require("lc_max_delay", self.lc_max_delay,
-            self.lc_max_delay is None or self.lc_max_delay >= 1, "an integer >= 1")
 
 
 class Pieces(NamedTuple):

@@ -34,17 +34,14 @@ from jax import lax
 from jaxdl.algorithms import ar_sgd
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, mean_over_workers
 from jaxdl.algorithms.shapes import Collective
-from jaxdl.settings import Settings, require, setting
+from jaxdl.settings import Settings, at_least, setting
 
 
 @dataclasses.dataclass(frozen=True)
 class LocalSGDSettings(Settings):
-  communication_period: int = setting(4, symbol="tau")
+  communication_period: int = setting(4, symbol="tau", allowed=at_least(
+      1, note="local steps between averagings"))
   """Local SGD's H: local steps between model averagings."""
-
-  def validate(self) -> None:
-    require("communication_period", self.communication_period, self.communication_period >= 1,
-            "an integer >= 1 (local steps between averagings)")
 
 
 class LocalWorker(NamedTuple):

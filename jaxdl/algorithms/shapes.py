@@ -20,12 +20,101 @@ Which version a handler reads (the rule every engine follows):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Union
+from typing import Any, Protocol, Union
 
 import jax
 
 Metrics = dict[str, jax.Array]
+"""Named scalar shares of the global batch's means (summed over workers)."""
 State = Any
+"""A pytree of arrays: each algorithm's own NamedTuple (a worker's TrainState,
+a server's ServerState, ...), stacked over workers where an engine keeps them
+together."""
+Message = Any
+"""A pytree of arrays that one process sends another (a model, a gradient, a
+compressed payload)."""
+Evaluated = tuple[Any, Any]
+"""(params, model_state) of the model to evaluate."""
+
+
+# The functions' types, as optax's TransformInitFn and TransformUpdateFn.
+
+class InitFn(Protocol):
+  def __call__(self, key: jax.Array, worker: jax.Array) -> State:
+    """Worker `worker`'s state at step 0 (the same model on every worker)."""
+
+
+class InitServerFn(Protocol):
+  def __call__(self, key: jax.Array) -> State:
+    """The server's (or center's) state at step 0."""
+
+
+class StepFn(Protocol):
+  def __call__(self, worker: State, batch: Any, step: jax.Array, axis: Any
+               ) -> tuple[State, Metrics]:
+    """One synchronous step of every worker at once: the worker's new state
+    and its metric shares; `step` the global step (int32), `axis` the
+    WorkerAxis its collectives run over."""
+
+
+class BatchFn(Protocol):
+  def __call__(self, worker: State, batch: Any) -> tuple[State, Metrics]:
+    """A worker's work on one batch (a local step, or a gradient on what it
+    pulled): its new state and metric shares."""
+
+
+class ServerPullFn(Protocol):
+  def __call__(self, server: State, worker: State, seconds: jax.Array) -> State:
+    """The worker's state with the server's parameters taken; `seconds` the
+    transfer's duration (float32)."""
+
+
+class ServerApplyFn(Protocol):
+  def __call__(self, server: State, worker: State, seconds: jax.Array
+               ) -> tuple[State, State]:
+    """(server, worker) after the server applies the worker's push on
+    arrival; `seconds` the iteration's compute time (float32)."""
+
+
+class MeetFn(Protocol):
+  def __call__(self, server: State, worker: State) -> tuple[State, State]:
+    """(server, worker) after they meet: an exchange with a center."""
+
+
+class EvaluatedFn(Protocol):
+  def __call__(self, workers: State) -> Evaluated:
+    """The model to evaluate, from the workers' states stacked."""
+
+
+class ServerEvaluatedFn(Protocol):
+  def __call__(self, server: State, workers: State) -> Evaluated:
+    """The model to evaluate, from the server's and the stacked workers' states."""
+
+
+class ReportFn(Protocol):
+  def __call__(self, server: State) -> dict:
+    """The algorithm's own summary figures (name -> scalar)."""
+
+
+class SendFn(Protocol):
+  def __call__(self, worker: State, peer: jax.Array) -> tuple[State, Message]:
+    """(the sender's state after, what it sends worker `peer`, an int32)."""
+
+
+class ReceiveFn(Protocol):
+  def __call__(self, worker: State, message: Message) -> tuple[State, Message] | State:
+    """The receiver's part on a message's arrival (with a reply, where the
+    function is one half of an exchange)."""
+
+
+class WorkerFn(Protocol):
+  def __call__(self, worker: State) -> State:
+    """A worker's state after a step of its own (a snapshot, an apply)."""
+
+
+class PairFn(Protocol):
+  def __call__(self, worker: State, peer: State) -> tuple[State, State]:
+    """Two workers' states after they average, atomically."""
 
 
 def _no_report(server: State) -> dict:
@@ -44,9 +133,9 @@ class Collective:
   evaluated(workers) -> (params, model_state), from the states stacked over
     workers
   """
-  init: Callable[[jax.Array, jax.Array], State]
-  step: Callable[..., tuple[State, Metrics]]
-  evaluated: Callable[[State], tuple[Any, Any]]
+  init: InitFn
+  step: StepFn
+  evaluated: EvaluatedFn
   bytes_per_step: float = 0.0
   """Bytes all workers send in one step, for the summary."""
   sync: str = "allreduce"
@@ -72,13 +161,13 @@ class Centralized:
   evaluated(server, workers) -> (params, model_state)
   report(server) -> {name: scalar} for the summary
   """
-  init_server: Callable[[jax.Array], State]
-  init: Callable[[jax.Array, jax.Array], State]
-  pull: Callable[[State, State, jax.Array], State]
-  compute: Callable[[State, Any], tuple[State, Metrics]]
-  apply: Callable[[State, State, jax.Array], tuple[State, State]]
-  evaluated: Callable[[State, State], tuple[Any, Any]]
-  report: Callable[[State], dict] = _no_report
+  init_server: InitServerFn
+  init: InitFn
+  pull: ServerPullFn
+  compute: BatchFn
+  apply: ServerApplyFn
+  evaluated: ServerEvaluatedFn
+  report: ReportFn = _no_report
   bytes_per_step: float = 0.0
   staleness_bound: int | None = None
   """A worker starts iteration c only once every worker has finished c - s
@@ -101,16 +190,16 @@ class Elastic:
     center as it is, and what it sends the center
   take(center, message) -> center: the center's part
   """
-  init_server: Callable[[jax.Array], State]
-  init: Callable[[jax.Array, jax.Array], State]
-  local: Callable[[State, Any], tuple[State, Metrics]]
-  exchange: Callable[[State, State], tuple[State, State]]
-  evaluated: Callable[[State, State], tuple[Any, Any]]
-  report: Callable[[State], dict] = _no_report
+  init_server: InitServerFn
+  init: InitFn
+  local: BatchFn
+  exchange: MeetFn
+  evaluated: ServerEvaluatedFn
+  report: ReportFn = _no_report
   bytes_per_step: float = 0.0
   period: int = 1
-  meet: Callable[[State, State], tuple[State, Any]] | None = None
-  take: Callable[[State, Any], State] | None = None
+  meet: ReceiveFn | None = None
+  take: ReceiveFn | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +214,11 @@ class Gossip:
   receive(worker, message) -> worker: the peer merges it on arrival
   evaluated(workers) -> (params, model_state)
   """
-  init: Callable[[jax.Array, jax.Array], State]
-  local: Callable[[State, Any], tuple[State, Metrics]]
-  send: Callable[[State, jax.Array], tuple[State, Any]]
-  receive: Callable[[State, Any], State]
-  evaluated: Callable[[State], tuple[Any, Any]]
+  init: InitFn
+  local: BatchFn
+  send: SendFn
+  receive: ReceiveFn
+  evaluated: EvaluatedFn
   bytes_per_step: float = 0.0
   probability: float = 0.0
 
@@ -154,19 +243,19 @@ class Decentralized:
   answer(peer, message) -> (peer, reply): the peer's part, and what it sends back
   accept(worker, reply) -> worker: the worker's part after
   """
-  init: Callable[[jax.Array, jax.Array], State]
-  pull: Callable[[State], State]
-  compute: Callable[[State, Any], tuple[State, Metrics]]
-  average: Callable[[State, State], tuple[State, State]]
-  apply: Callable[[State], State]
-  evaluated: Callable[[State], tuple[Any, Any]]
+  init: InitFn
+  pull: WorkerFn
+  compute: BatchFn
+  average: PairFn
+  apply: WorkerFn
+  evaluated: EvaluatedFn
   bytes_per_step: float = 0.0
-  offer: Callable[[State, jax.Array], tuple[State, Any]] | None = None
-  answer: Callable[[State, Any], tuple[State, Any]] | None = None
-  accept: Callable[[State, Any], State] | None = None
+  offer: SendFn | None = None
+  answer: ReceiveFn | None = None
+  accept: ReceiveFn | None = None
 
 
-def exchange_parts(algorithm: Elastic) -> tuple[Callable, Callable]:
+def exchange_parts(algorithm: Elastic) -> tuple[ReceiveFn, ReceiveFn]:
   """(meet, take): the algorithm's own, or `exchange` run by the worker."""
   if algorithm.meet is not None:
     return algorithm.meet, algorithm.take
@@ -177,7 +266,7 @@ def exchange_parts(algorithm: Elastic) -> tuple[Callable, Callable]:
   return meet, lambda center, message: message
 
 
-def average_parts(algorithm: Decentralized) -> tuple[Callable, Callable, Callable]:
+def average_parts(algorithm: Decentralized) -> tuple[SendFn, ReceiveFn, ReceiveFn]:
   """(offer, answer, accept): the algorithm's own, or `average` run by the peer."""
   if algorithm.offer is not None:
     return algorithm.offer, algorithm.answer, algorithm.accept

@@ -2,15 +2,16 @@
 discrete-event schedules of each algorithm shape on it (events: jaxdl.trace)."""
 from __future__ import annotations
 
-from jaxdl.cluster.cost import (DEFAULT_UTILIZATION, DEVICE_LINKS, DEVICE_PROFILES, CostModel,
-                            Link, Network, Profile, achieved_flops, parse_bandwidth, parse_cluster,
-                            is_profile, read_profile, send_over)
+from jaxdl.cluster.cost import (DEFAULT_UTILIZATION, DEVICE_LINKS, DEVICE_PROFILES, EMULATED,
+                                MODELLED, CostModel, Link, Network, Profile, achieved_flops, check,
+                                is_profile, parse_bandwidth, parse_cluster, read_profile,
+                                send_over)
 from jaxdl.cluster.schedule import (SYNC_MODES, Budget, Schedule, centralized, decentralized, elastic,
                                 gossip, synchronous)
 
 __all__ = [
-    "DEFAULT_UTILIZATION", "DEVICE_LINKS", "DEVICE_PROFILES", "CostModel", "Link", "Network",
-    "Profile", "achieved_flops", "is_profile", "parse_bandwidth", "parse_cluster",
+    "DEFAULT_UTILIZATION", "DEVICE_LINKS", "DEVICE_PROFILES", "EMULATED", "MODELLED", "CostModel",
+    "Link", "Network", "Profile", "achieved_flops", "check", "is_profile", "parse_bandwidth", "parse_cluster",
     "read_profile", "send_over",
     "SYNC_MODES", "Budget", "Schedule", "centralized", "decentralized", "elastic", "gossip",
     "synchronous",

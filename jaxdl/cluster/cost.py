@@ -67,6 +67,26 @@ def achieved_flops(profile: str, utilization: float = DEFAULT_UTILIZATION) -> fl
   return DEVICE_PROFILES[profile] * utilization
 
 
+MODELLED = ("cluster", "network", "latency", "compute_time", "jitter", "straggler_prob",
+            "straggler_slowdown")
+"""The config's fields (its cluster section's) that describe the modelled
+cluster: a run on real devices has none of them, except EMULATED."""
+EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
+"""Those a real engine may emulate: each worker sleeps until its batch has
+taken the modelled time (CostModel.compute_time), if its compute took less."""
+
+
+def check(cfg) -> None:
+  """The cluster section's descriptions of the modelled cluster (a
+  ClusterConfig): its network's bandwidth and its devices (a profile file, or
+  a device kind and count)."""
+  parse_bandwidth(cfg.network)
+  if is_profile(cfg.cluster):
+    read_profile(cfg.cluster)
+  else:
+    parse_cluster(cfg.cluster)
+
+
 def parse_bandwidth(text: str) -> float:
   """Bytes per second of "10gbps", "100mbps", "1.5gbit" (bits) or "25GB/s" (bytes)."""
   match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgGtT]?)\s*([A-Za-z/]+)\s*",

@@ -11,14 +11,15 @@ import tyro
 
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS, Collective, settings_owners
-from jaxdl.cluster import is_profile
+from jaxdl.cluster import EMULATED, MODELLED, is_profile
 from jaxdl.compare import sweep
 from jaxdl.compare.grid import (PER_CELL, Grid, Variant, algorithms_of, has_setting, one_worker,
                                 per_cell, section_fields)
 from jaxdl.compare.grids import DEFAULT_GRID, GRID_DOCS, GRIDS, load_experiment
-from jaxdl.config import (EMULATED, EMULATING_ENGINES, SIMULATED_ONLY, _field_owner,
-                          check_numbers)
+from jaxdl.config import field_owner
+from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError, flag
+from jaxdl.validation import check_numbers
 
 
 def _baselines() -> list[str]:
@@ -104,7 +105,7 @@ def description() -> str:
 
 def passed_on() -> str:
   """What compare's --help says of the `jaxdl run` flags."""
-  shared = [flag(f) for f in _field_owner() if f not in PER_CELL]
+  shared = [flag(f) for f in field_owner() if f not in PER_CELL]
   cell = [f"{flag(f)} ({per_cell(f)})" for f in PER_CELL]
   return (f"Run flags passed on to every cell (see `jaxdl run --help`): {', '.join(shared)}; "
           "and each algorithm's settings (e.g. --dc-lambda), to the cells whose algorithm "
@@ -172,10 +173,10 @@ def _on_real_devices(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -
       raise ConfigError(field, value, allowed)
   # (the real engines emulate the compute times of an emulated grid, or of
   # a grid of synchronous algorithms; those given here are kept in any case)
-  emulated = EMULATED if engine in EMULATING_ENGINES and (grid.emulated or all(
+  emulated = EMULATED if not ENGINES.get(engine).simulated and (grid.emulated or all(
       ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants)) else ()
   return grid.replace(run=tuple((k, v) for k, v in grid.run
-                                if k not in SIMULATED_ONLY or k in run_flags or k in emulated))
+                                if k not in MODELLED or k in run_flags or k in emulated))
 
 
 def _check_one_worker(grid: Grid) -> None:

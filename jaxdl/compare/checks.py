@@ -8,8 +8,9 @@ from jaxdl import rundir
 from jaxdl.algorithms import settings_owners
 from jaxdl.compare.args import CompareArgs, sweeps
 from jaxdl.compare.grid import Cell, Grid
-from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig, validate
+from jaxdl.config import RUN_CONTROL_FIELDS, RunConfig
 from jaxdl.errors import ConfigError
+from jaxdl.validation import validate
 
 
 def check_cells(grid: Grid, out: Path, args: CompareArgs | None = None) -> dict[str, str]:

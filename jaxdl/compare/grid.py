@@ -9,7 +9,8 @@ from typing import Any, Iterable, Sequence
 
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS, settings_owners
-from jaxdl.config import DRY_RUN_ENGINES, AlgorithmConfig, RunConfig, _field_owner
+from jaxdl.config import AlgorithmConfig, RunConfig, field_owner
+from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError
 
 # Fields that the grid sets per cell: as shared run flags they would be overridden.
@@ -72,14 +73,14 @@ def takes(algorithm: str, field: str) -> bool:
   setting, where the algorithm has it; a run field, unless the algorithm is
   the one-worker baseline, which keeps the shared value (every table's
   reference)."""
-  if field in _field_owner():
+  if field in field_owner():
     return not one_worker(algorithm)
   return has_setting(algorithm, field)
 
 
 def section_fields(run: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
   """The shared run fields that are not an algorithm's settings."""
-  owner = _field_owner()
+  owner = field_owner()
   return {k: v for k, v in run if k in owner}
 
 
@@ -123,7 +124,7 @@ class Grid:
   def with_run(self, **flat: Any) -> Grid:
     """The grid with shared run fields (and settings, for the cells whose
     algorithm has them) added or replaced."""
-    owner = _field_owner()
+    owner = field_owner()
     RunConfig.make(**{k: v for k, v in flat.items() if k in owner})  # a bad field fails here
     for field, value in flat.items():
       if field not in owner and field not in settings_owners():
@@ -155,8 +156,11 @@ class Grid:
   @property
   def measured(self) -> bool:
     """Whether the cells run on real processes (--engine ray, mesh), whose
-    time is measured: they have no simulated network and no timing cells."""
-    return dict(self.run).get("engine", AlgorithmConfig.engine) not in DRY_RUN_ENGINES
+    time is measured: they have no simulated network and no timing cells
+    (--engine auto counts as simulated)."""
+    engine = dict(self.run).get("engine", AlgorithmConfig.engine)
+    return engine != AlgorithmConfig.engine and not (
+        engine in ENGINES and ENGINES.get(engine).simulated)
 
   def cells(self) -> list[Cell]:
     """Every cell, training cells first, in a fixed order (names are stable)."""

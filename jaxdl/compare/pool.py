@@ -24,6 +24,7 @@ from typing import Callable
 from jaxdl.compare.grid import Cell, Grid
 from jaxdl.compare.grids import load_experiment
 from jaxdl.config import RunConfig
+from jaxdl.runner import run
 from jaxdl.shutdown import exit_within
 
 # Seconds an interrupted cell has to stop cleanly before it is killed.
@@ -86,9 +87,6 @@ def _run_cell(config_dict: dict, experiment: str | None = None) -> dict:
   """Runs in a pool process: one cell, errors returned as text (a ConfigError
   does not survive pickling). The experiment file is loaded first, so the
   algorithms it registers exist in this process too."""
-  # Imported here: the runner's engines and checkpoints belong to the pool's
-  # processes; compare's own process only plans and records.
-  from jaxdl.runner import run
   t0 = time.perf_counter()
   try:
     if experiment:

@@ -18,9 +18,11 @@ from typing import Any, Literal
 
 from jaxdl.algorithms import settings_owners
 from jaxdl.compare.grid import PER_CELL, Grid, algorithms_of, per_cell, takes
-from jaxdl.config import _field_owner, _field_types, _type_name, check_numbers
+from jaxdl.config import field_owner, type_name
+from jaxdl.config import field_types as run_field_types
 from jaxdl.errors import ConfigError, flag
 from jaxdl.settings import field_types
+from jaxdl.validation import check_numbers
 
 SWEEP = "sweep"  # the flag's field
 ALIASES = {"staleness_bounds": "staleness_bound", "communication_periods": "communication_period",
@@ -98,7 +100,7 @@ def parse(text: str) -> Sweep:
 def _sweepable_type(field: str, text: str) -> Any:
   """The type of the run field or setting `field`; refused where no sweep takes it."""
   owners = settings_owners()
-  run_types = _field_types()
+  run_types = run_field_types()
   if field in PER_CELL:
     raise ConfigError(SWEEP, text, f"a field other than {field}, which compare sets per "
                       f"cell: {per_cell(field)}")
@@ -109,7 +111,7 @@ def _sweepable_type(field: str, text: str) -> Any:
   elif field in owners:
     hint = field_types(owners[field][0].settings)[field]
   else:
-    known = [*_field_owner(), *owners]
+    known = [*field_owner(), *owners]
     close = difflib.get_close_matches(field, known, n=1)
     raise ConfigError(SWEEP, text, "NAME=V1,V2,... with NAME a `jaxdl run` field or an "
                       "algorithm's setting (`jaxdl run --help`, `jaxdl list`)"
@@ -145,7 +147,7 @@ def _read(field: str, text: str, hint: Any) -> Any:
   except ValueError:
     pass
   unset = ", or None" if kind is not hint else ""
-  raise ConfigError(SWEEP, f"{field}={text}", f"{_type_name(kind)}{unset}")
+  raise ConfigError(SWEEP, f"{field}={text}", f"{type_name(kind)}{unset}")
 
 
 def check_taken(grid: Grid, sweep: Sweep, shared: dict[str, Any]) -> None:
@@ -157,7 +159,7 @@ def check_taken(grid: Grid, sweep: Sweep, shared: dict[str, Any]) -> None:
     raise sweep.refusal(f"a field that no shared flag sets too ({flag(sweep.field)} is given)")
   if any(takes(v.algorithm, sweep.field) for v in grid.variants):
     return
-  if sweep.field in _field_owner():
+  if sweep.field in field_owner():
     raise sweep.refusal(f"left unset: a run field's sweep leaves the one-worker baseline at "
                         f"the shared value, and the grid ({algorithms_of(grid)}) has no other "
                         "variant")

@@ -17,7 +17,7 @@ from jaxdl.registry import Registry
 __all__ = ["CORPORA", "DATASETS", "ArrayFields", "Dataset", "FunctionData", "ImageFields", "IterableData",
            "Split", "Streams", "TextDataset", "WorkerStreams", "check_image_size", "check_name",
            "check_workers", "describe_datasets", "load_dataset", "make_streams",
-           "partition_batch"]
+           "partition_batch", "batch_sizes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,23 @@ _PREFIXED = (("tfds:NAME", "Any tfds image classification dataset prepared "
              ("npz:PATH", "A .npz with x_train, y_train, x_test, y_test "
               "(uint8 or float images N x H x W [x C], or float features N x D "
               "for --model mlp; integer labels)."))
+
+
+def batch_sizes(config) -> tuple[int, ...]:
+  """Each worker's batch size in a run's config (a RunConfig): --batch-sizes,
+  or the global batch split by --worker-speeds, or --batch-size for everyone."""
+  m, data = config.algorithm.workers, config.data
+  if data.batch_sizes is not None:
+    if len(data.batch_sizes) != m or any(b <= 0 for b in data.batch_sizes):
+      raise ConfigError("batch_sizes", data.batch_sizes,
+                        f"{m} positive sizes, one per worker (--workers {m})")
+    return tuple(data.batch_sizes)
+  speeds = config.cluster.worker_speeds
+  if speeds is not None:
+    if len(speeds) != m:
+      raise ConfigError("worker_speeds", speeds, f"{m} speeds, one per worker")
+    return partition_batch(data.batch_size * m, speeds)
+  return (data.batch_size,) * m
 
 
 def check_name(name: str) -> None:

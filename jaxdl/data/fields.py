@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from jaxdl.data.sources import ArraySplit
 from jaxdl.errors import TaskError
 
 Fields = dict[str, np.ndarray]
@@ -62,7 +63,6 @@ class ImageFields:
   """An image dataset's split (`jaxdl.data.Split`) as fields "image" and "label"."""
 
   def __init__(self, split):
-    from jaxdl.data.sources import ArraySplit
     self.split = split
     self.in_memory = isinstance(split, ArraySplit)
 

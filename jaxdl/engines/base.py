@@ -15,11 +15,14 @@ from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from jaxdl.algorithms import Collective, Problem, Shape
+from jaxdl import cluster
+from jaxdl.algorithms import AlgorithmSpec, Collective, Problem, Shape
 from jaxdl.algorithms.ar_sgd import allreduce_bytes
 from jaxdl.algorithms.base import models_given
 from jaxdl.algorithms.shapes import has_server
+from jaxdl.config import ClusterConfig, RunConfig
 from jaxdl.data import Streams
+from jaxdl.errors import ConfigError
 from jaxdl import trace
 from jaxdl.trace import Event
 
@@ -37,6 +40,14 @@ class Engine(Protocol):
   collective algorithm; for an asynchronous one, the updates of whichever
   workers process that many.
 
+  Args (of the constructor):
+    algorithm: the shape record of pure functions to run (jaxdl.algorithms.shapes).
+    problem: the task and the optax rule (jaxdl.algorithms.Problem).
+    streams: every worker's batches (jaxdl.data.Streams).
+    config: the run's validated RunConfig, of which it reads the fields it
+      declares (`own_fields`, and those its `check` conditions).
+    total_steps: how many steps the run takes.
+
   The rules every engine of asynchronous algorithms follows (the sim
   engine's reference loops in tests/engines/test_reference_loops.py define
   them): every worker keeps working until the run's global budget is spent
@@ -46,6 +57,24 @@ class Engine(Protocol):
   name: ClassVar[str]
   shapes: ClassVar[tuple[type, ...]]
   """The algorithm shapes (jaxdl.algorithms.shapes) this engine runs."""
+  deterministic: ClassVar[bool]
+  """Whether two runs of one config give the same bits (a real engine's
+  order of events is the machine's: its trace replays on the sim)."""
+  simulated: ClassVar[bool]
+  """Whether it runs a simulated schedule: --engine auto's choice for a dry
+  run and a split of the global batch that changes."""
+  own_fields: ClassVar[dict[str, str]]
+  """The config fields that this engine alone reads, each with what it does:
+  every other engine refuses them unless at their defaults
+  (jaxdl.engines.check)."""
+  placement: ClassVar[frozenset[str]]
+  """Those of `own_fields` that place its processes and leave the math as it
+  is: a replay of its trace on another engine keeps them."""
+
+  @classmethod
+  def check(cls, config: RunConfig, spec: AlgorithmSpec) -> None:
+    """Refuses (a ConfigError) the fields of `config` this engine cannot run
+    with the algorithm `spec`, beyond other engines' own fields."""
 
   def init(self, key: jax.Array) -> Any:
     """The state of the whole run at step 0 (a pytree that checkpoints)."""
@@ -98,7 +127,62 @@ def slowed(computed: float, modelled: float | None) -> float:
   return computed
 
 
-class LocalProcess:
+def split_workers(config: RunConfig) -> bool:
+  """Whether a synchronous algorithm's workers on a real engine each run
+  their own program on their own share of the batch (jaxdl.engines.split):
+  its split changes (--partition), the workers are slowed for real
+  (--compute-time), or they have devices of their own (--worker-devices)."""
+  c = config.cluster
+  return (c.partition != "static" or c.compute_time is not None
+          or config.distributed.worker_devices is not None)
+
+
+def check_reduce(config: RunConfig, spec: AlgorithmSpec, own_programs: bool) -> None:
+  """--reduce device: only where each worker runs its own program
+  (`own_programs`: the engine can, `split_workers`: the config asks it)."""
+  if config.distributed.reduce != "host" and not (
+      own_programs and spec.shape is Collective and split_workers(config)):
+    raise ConfigError("reduce", config.distributed.reduce, "host, unless each worker runs "
+                      "its own program: a synchronous algorithm on an engine of real devices "
+                      "with --partition proportional or adaptive, --compute-time or "
+                      "--worker-devices")
+
+
+def check_emulation(engine: type, config: RunConfig) -> None:
+  """On a real engine without --compute-time, the workers run at their own
+  speed: the settings that vary an emulated batch time are refused, and so
+  are --worker-speeds that would not even split the batch (--batch-sizes)."""
+  if config.cluster.compute_time is not None:
+    return
+  for field in (f for f in cluster.EMULATED if f != "compute_time"):
+    value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
+    if value != default:
+      raise ConfigError(field, value, f"its default ({default!r}) with --engine "
+                        f"{engine.name} unless --compute-time is set (the emulated batch time "
+                        "it varies)")
+  speeds = config.cluster.worker_speeds
+  if speeds is not None and config.data.batch_sizes is not None:
+    raise ConfigError("worker_speeds", speeds, f"unset with --batch-sizes on --engine "
+                      f"{engine.name} unless --compute-time is set: real workers run at their "
+                      "own speed, which the speeds slow to an emulated compute time (without "
+                      "--batch-sizes they split the global batch)")
+
+
+class Declared:
+  """An engine's declarations (`Engine`) where it makes none: its runs are
+  deterministic, it simulates nothing, it reads no field that other engines
+  do not, and it checks nothing of its own."""
+  deterministic: ClassVar[bool] = True
+  simulated: ClassVar[bool] = False
+  own_fields: ClassVar[dict[str, str]] = {}
+  placement: ClassVar[frozenset[str]] = frozenset()
+
+  @classmethod
+  def check(cls, config: RunConfig, spec: AlgorithmSpec) -> None:
+    del config, spec
+
+
+class LocalProcess(Declared):
   """The processes of an engine that runs in the driver's process alone."""
 
   def processes(self) -> list[dict[str, Any]]:

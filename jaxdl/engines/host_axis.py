@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from jaxdl.engines.base import process_identity
+
 REDUCTIONS = ("host", "device")
 
 
@@ -69,7 +71,6 @@ class Exchange:
 
   def identity(self) -> dict[str, Any]:
     """Its role, process and host (a Ray actor's, in cluster.json)."""
-    from jaxdl.engines.base import process_identity
     return process_identity("exchange")
 
   def abort(self) -> None:

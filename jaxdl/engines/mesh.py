@@ -21,13 +21,17 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxdl import distributed
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
 from jaxdl.engines import base
+from jaxdl.engines.base import split_workers
+from jaxdl.engines.split import MeshSplit
 from jaxdl.errors import ConfigError
-from jaxdl.parallel.pipeline import STAGE_AXIS
+from jaxdl.parallel.pipeline import STAGE_AXIS, bubble_fraction, stage_seconds
 from jaxdl.parallel.tensor import TENSOR_AXIS, dim_spec, indivisible, leaf_dims
 from jaxdl.trace import Event
 
@@ -48,7 +52,6 @@ def outside_persistent_cache():
   afresh it never did (0 of 28): a pipelined engine compiles its step here.
   (JAX reads the flag once per process, hence the resets; a compile in
   another thread meanwhile skips the cache too.)"""
-  from jax.experimental.compilation_cache.compilation_cache import reset_cache
   enabled = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   reset_cache()
@@ -76,6 +79,24 @@ class MeshEngine(base.LocalProcess):
   """Runs a collective algorithm's step for all workers as one SPMD program."""
   name = "mesh"
   shapes = (Collective,)
+  deterministic, simulated = True, False
+  own_fields = {
+      "worker_devices": "it places each synchronous worker on a device of this process",
+      "parallelism": "a worker's model over several devices: its stages or its layers' splits",
+  }
+  placement = frozenset({"worker_devices"})
+
+  @classmethod
+  def check(cls, config, spec) -> None:
+    base.check_emulation(cls, config)
+    base.check_reduce(config, spec, own_programs=True)
+    if config.distributed.worker_devices is not None:  # each names a device of this process
+      distributed.worker_devices(config.distributed.worker_devices, config.algorithm.workers)
+    parallelism = config.model.parallelism
+    if parallelism != "data" and (split_workers(config) or config.algorithm.sync_bn):
+      raise ConfigError("parallelism", parallelism, "data with --partition, --compute-time, "
+                        "--worker-devices or --sync-bn (a model over several devices is one "
+                        "SPMD program)")
 
   # Steps dispatched ahead of the host; bounded because many collectives in
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
@@ -83,10 +104,8 @@ class MeshEngine(base.LocalProcess):
 
   def __new__(cls, algorithm: Collective, problem: Problem, streams: Streams, config=None,
               *args, **kwargs):
-    from jaxdl.config import split_workers
     if config is not None and split_workers(config):
       # each worker its own program, on its own share and device (jaxdl.engines.split)
-      from jaxdl.engines.split import MeshSplit
       return MeshSplit(algorithm, problem, streams, config, *args, **kwargs)
     return super().__new__(cls)
 
@@ -284,7 +303,6 @@ class MeshEngine(base.LocalProcess):
     if self.tensor > 1:
       figures["tensor_parallel"] = self.tensor
     if self.stages > 1:
-      from jaxdl.parallel.pipeline import bubble_fraction
       figures.update(stages=self.stages, microbatches=self.microbatches,
                      bubble_fraction_ideal=bubble_fraction(self.stages, self.microbatches),
                      **self._busy_figures())
@@ -301,7 +319,6 @@ class MeshEngine(base.LocalProcess):
     times = [e.time for e in self._events if e.kind == "step"]
     if len(times) < 4:  # too few steps to time one
       return {}
-    from jaxdl.parallel.pipeline import stage_seconds
     step_s = float(np.median(np.diff(times[2:])))
     work = stage_seconds(self.problem.task.stages, self.microbatches,
                          self.streams.batch_sizes[0] // self.microbatches,

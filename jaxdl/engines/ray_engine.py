@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+import sys
 import time
 import uuid
 import warnings
@@ -34,14 +35,16 @@ import numpy as np
 
 from jaxdl import trace
 from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, Gossip, Problem,
-                              Shape)
+                              Shape, names_of)
 from jaxdl.algorithms.shapes import has_server
-from jaxdl.build import Cadence
+from jaxdl.cadence import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base, ray_cluster
 from jaxdl.engines.events import check_servers, take
+from jaxdl.engines.host_axis import Exchange
+from jaxdl.engines.mesh import MeshEngine
 from jaxdl.engines.ray_actors import (Coordinator, Peer, Process, Server, Shard, ShardedServer,
-                                     ShardedWorker, SplitProcess, Worker)
+                                      ShardedWorker, SplitProcess, Worker)
 from jaxdl.engines.split import SplitRun
 from jaxdl.errors import ConfigError
 
@@ -111,8 +114,6 @@ def shutdown() -> None:
 def _by_value(task) -> None:
   """Sends the code of a script's task with it: the actors need not be able
   to import the module that defines its functions (a script, a test)."""
-  import sys
-
   from ray import cloudpickle
   values = [getattr(task, f.name) for f in dataclasses.fields(task)]
   values += [getattr(v, "fn", None) for v in values]  # FunctionData's function
@@ -166,12 +167,27 @@ class RayEngine(_RayRun):
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
   worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
   shapes = (Collective, Centralized, Elastic, Gossip, Decentralized)
+  deterministic, simulated = False, False
+  own_fields = {
+      "ray_address": "the Ray cluster its processes run on",
+      "pin_workers": "it pins each worker process to cores of its own",
+  }
+  placement = frozenset({"pin_workers"})
+
+  @classmethod
+  def check(cls, config, spec) -> None:
+    servers = config.cluster.servers
+    if servers != 1 and spec.shape is not Centralized:
+      raise ConfigError("servers", servers, f"1 with --engine {cls.name} for {spec.name}, "
+                        "whose center is one actor (a parameter server's splits: "
+                        f"{names_of(Centralized)})")
+    base.check_emulation(cls, config)
+    base.check_reduce(config, spec, own_programs=True)
 
   def __new__(cls, algorithm: Shape, problem: Problem, streams: Streams, config, *args,
               **kwargs):
     if isinstance(algorithm, Collective):
-      from jaxdl.config import split_workers
-      run = RaySplit if split_workers(config) else RayCollective
+      run = RaySplit if base.split_workers(config) else RayCollective
       return run(algorithm, problem, streams, config, *args, **kwargs)
     return super().__new__(cls)
 
@@ -362,7 +378,6 @@ class RayCollective(_RayRun):
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
-    from jaxdl.engines.mesh import MeshEngine
     super().__init__(algorithm, problem, streams, config)
     ray, m = self._ray, self.num_workers
     env = {"XLA_FLAGS": one_device(os.environ.get("XLA_FLAGS", ""))}
@@ -427,7 +442,6 @@ class RaySplit(SplitRun, _RayRun):
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int):
-    from jaxdl.engines.host_axis import Exchange
     super().__init__(algorithm, problem, streams, config)
     ray, m = self._ray, self.num_workers
     name = f"jaxdl-exchange-{uuid.uuid4().hex}"

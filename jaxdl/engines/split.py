@@ -28,12 +28,13 @@ import numpy as np
 
 from jaxdl import distributed, trace
 from jaxdl.algorithms import Batch, Collective
-from jaxdl.build import Cadence
+from jaxdl.cadence import Cadence
 from jaxdl.engines import base
 from jaxdl.engines.events import initial_state, stack, take
 from jaxdl.engines.host_axis import Exchange, HostAxis, unmet
+from jaxdl.engines.sim import cost_model
 from jaxdl.errors import ConfigError
-from jaxdl.partition import Partitioner, Partitions
+from jaxdl.partition import Partitioner, Partitions, Policy
 
 PAD_TO = 8
 """A worker's batch is padded to a multiple of this (weight 0), so that
@@ -62,7 +63,6 @@ class SplitWorker:
 
   def __init__(self, config, algorithm, problem, streams, worker: int, meet: Callable,
                device=None):
-    from jaxdl.engines.sim import cost_model
     self.w, self.streams, self.algorithm = worker, streams, algorithm
     self.m = streams.num_workers
     self.static = streams.batch_sizes[worker]  # the size the modelled times are for
@@ -192,9 +192,8 @@ class SplitRun:
   shapes = (Collective,)
 
   def _begin_split(self, config, total_steps: int, reduce: str) -> None:
-    from jaxdl.config import policy
     self.reduce, self.total_steps = reduce, total_steps
-    self.partitioner = Partitioner(policy(config), self.streams.batch_sizes)
+    self.partitioner = Partitioner(Policy.of(config), self.streams.batch_sizes)
     self.changes: list[tuple[int, tuple[int, ...]]] = []
     self.cadence = Cadence.of(config, self.streams.steps_per_epoch, total_steps)
     self.events: list[trace.Event] = []

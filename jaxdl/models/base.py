@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-if TYPE_CHECKING:  # layers imports flax, which only NNX models need
-  from jaxdl.models.layers import BatchStats
+from jaxdl.models.layers import BatchStats
 
 Params = Any      # a pytree of arrays (nested dicts)
 ModelState = Any  # a pytree of non-trained arrays, e.g. batch-norm statistics
@@ -47,8 +47,6 @@ def nnx_functions(build: Callable[[Any], Any]) -> tuple[Callable, Callable]:
   merging happen at trace time only, so the jitted computation is the
   module's own.
   """
-  from flax import nnx  # local: only models built from NNX need it
-
   abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
   graphdef = nnx.split(abstract, nnx.Param, ...)[0]
 

@@ -39,9 +39,13 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.flatten_util import ravel_pytree
 
-from jaxdl.task import Task
+from jaxdl.errors import ConfigError
+from jaxdl.models import MODELS, Model, resolve_stem
+from jaxdl.models.layers import BatchStats
+from jaxdl.task import Task, classification, weighted_cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +364,6 @@ def model_stages(build: Callable, key: jax.Array, count: int, input_shape: Seque
   stage's parameters and state (None for a model without state besides its
   parameters): those of the module built from `key`, as the zoo's
   `Model.init(key)` gives them."""
-  from flax import nnx  # local: the pipeline itself needs no NNX
   module = build(nnx.Rngs(key))
   pieces = module.pieces()
   sizes = [sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param))) for m, _ in pieces]
@@ -414,10 +417,6 @@ def _pipelined_model(name: str, num_classes: int, image_shape: Sequence[int], st
   norm, its stages' states' rows ({"stages": (count, S)}), applied as the
   stages one after the other (evaluation; training goes through
   `pipeline_task`'s loss), and its stages."""
-  from flax import nnx
-
-  from jaxdl.errors import ConfigError
-  from jaxdl.models import MODELS, Model, resolve_stem
   stem = resolve_stem(stem, tuple(image_shape))
   build = lambda rngs: MODELS.get(name)(tuple(image_shape), num_classes, stem, rngs=rngs)
   pieces = len(nnx.eval_shape(lambda: build(nnx.Rngs(0))).pieces())
@@ -461,8 +460,6 @@ def pipeline_task(name: str, dataset, stem: str, count: int, microbatches: int,
   micro-batch is normalized by its own statistics (as GPipe does), the
   running statistics moving once a micro-batch; on one device (the stage
   axis unbound) the micro-batches run in turn, the same math."""
-  from jaxdl.models.layers import BatchStats
-  from jaxdl.task import classification, weighted_cross_entropy
   model, stages = _pipelined_model(name, dataset.num_classes, dataset.image_shape, stem, count)
   task = classification(model, dataset)
   micro_loss = lambda logits, aux: weighted_cross_entropy(logits, *aux)

@@ -7,8 +7,8 @@ import math
 import sys
 from pathlib import Path
 
-from jaxdl.config import check_target
 from jaxdl.report.cells import ACCURACY, CellResult, load
+from jaxdl.validation import check_target
 
 BASELINE = "sgd"
 

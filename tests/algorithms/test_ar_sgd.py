@@ -1,7 +1,8 @@
 """AR-SGD: M workers x b_m equal one worker x sum(b_m)."""
 import pytest
 
-from jaxdl.config import RunConfig, batch_sizes
+from jaxdl.config import RunConfig
+from jaxdl.data import batch_sizes
 from jaxdl.errors import ConfigError
 from tests import marks
 from tests.helpers import assert_m_workers_equal_one

@@ -2,7 +2,8 @@
 import jax
 import pytest
 
-from jaxdl.config import RunConfig, validate
+from jaxdl.config import RunConfig
+from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 from tests import marks
 from tests.helpers import assert_m_workers_equal_one

@@ -11,14 +11,14 @@ import pytest
 
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.config import RunConfig
-from jaxdl.engines import engines_for
-from jaxdl.engines.sim import REAL_ENGINES
+from jaxdl.engines import ENGINES, engines_for
 from tests.helpers import make_engine, train
+from tests import marks
 
 # A real engine's case costs its processes' start-up: asp's runs by default,
 # the others with the slow end-to-end cases.
-CASES = [(name, engine) if engine not in REAL_ENGINES or name == "asp"
-         else pytest.param(name, engine, marks=pytest.mark.slow)
+CASES = [(name, engine) if ENGINES.get(engine).deterministic or name == "asp"
+         else marks.slow(name, engine)
          for name in ALGORITHMS for engine in engines_for(ALGORITHMS.get(name).shape)]
 STEPS = 30
 
@@ -62,7 +62,7 @@ def _check(name, engine, config, first):
   # deterministic: a second engine from the same key gives the same bits (a
   # real engine's order is whatever happened: its trace replays instead,
   # tests/engines/test_ray.py)
-  if engine not in REAL_ENGINES:
+  if ENGINES.get(engine).deterministic:
     again, _ = train(make_engine(config), STEPS)
     chex.assert_trees_all_equal(jax.device_get(state), jax.device_get(again))
 

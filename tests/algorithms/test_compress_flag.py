@@ -220,10 +220,10 @@ RESUME = dict(model="mlp", steps=12, workers=4, batch_size=8, progress=False,
 # gossip worker's references and the others run with the slow cases.
 @pytest.mark.parametrize("algorithm,compress", [
     ("asp", "powersgd:1"), marks.slow("ar_sgd", "randk:0.05"), marks.slow("gosgd", "randk:0.05"),
-    pytest.param("local_sgd", "qsgd:4", marks=pytest.mark.slow),
-    pytest.param("easgd", "topk:0.05", marks=pytest.mark.slow),
-    pytest.param("diloco", "topk:0.05", marks=pytest.mark.slow),
-    pytest.param("ad_psgd", "powersgd:1", marks=pytest.mark.slow)])
+    marks.slow("local_sgd", "qsgd:4"),
+    marks.slow("easgd", "topk:0.05"),
+    marks.slow("diloco", "topk:0.05"),
+    marks.slow("ad_psgd", "powersgd:1")])
 def test_resume_restores_the_residuals_bit_for_bit(tmp_path, algorithm, compress):
   """The residual, PowerSGD's Q and the key are in the workers' checkpointed
   state (gosgd's and ad_psgd's pairwise references and their Q per pair

@@ -1,13 +1,14 @@
 """Defaults that train: a parameter server's rule for its learning rate and
 momentum at M workers, and an asynchronous default run at 8 workers."""
+import dataclasses
 import math
 
 import pytest
 
 import jaxdl
-from jaxdl.algorithms import ALGORITHMS, Centralized
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.algorithms.asp import staleness_defaults
-from jaxdl.config import RunConfig
+from jaxdl.config import OptimConfig, RunConfig
 from jaxdl.optim import LR, MOMENTUM, with_defaults
 
 
@@ -16,10 +17,21 @@ def test_the_staleness_rule():
   four = staleness_defaults(4)
   assert four["lr"] == pytest.approx(LR / 2) and four["momentum"] == pytest.approx(0.15)
   assert staleness_defaults(16) == {"lr": pytest.approx(LR / 4), "momentum": 0.0}
-  # every parameter-server algorithm follows it; the others keep the defaults
+  # the papers' parameter-server algorithms follow it; the other built-in ones do not
+  for name in ("asp", "ssp", "dc_asgd", "lc_asgd"):
+    assert ALGORITHMS.get(name).optim_defaults is staleness_defaults, name
+  for name in ("sgd", "bsp", "ar_sgd", "easgd", "gosgd", "ad_psgd"):
+    assert ALGORITHMS.get(name).optim_defaults is not staleness_defaults, name
+
+
+def test_every_algorithms_defaults_are_optimizer_fields():
+  """An algorithm's rule (any registered one's) fills only the optimizer
+  section's fields, for every worker count."""
+  fields = {f.name for f in dataclasses.fields(OptimConfig)}
   for name in ALGORITHMS:
-    spec = ALGORITHMS.get(name)
-    assert (spec.optim_defaults is staleness_defaults) == (spec.shape is Centralized), name
+    rule = ALGORITHMS.get(name).optim_defaults
+    for workers in (1, 2, 7, 64):
+      assert set(rule(workers) if rule else {}) <= fields, (name, workers)
 
 
 def test_what_the_user_sets_is_kept():

@@ -9,7 +9,8 @@ import pytest
 
 from jaxdl.algorithms import TrainState, WorkerAxis, diloco
 from jaxdl.cli import main
-from jaxdl.config import RunConfig, run_optim
+from jaxdl.config import RunConfig
+from jaxdl.validation import validate
 from tests.helpers import leaves, make_engine, train
 
 # Unequal batches, so that the b_m / B weights matter.
@@ -166,19 +167,19 @@ def test_the_outer_state_is_the_same_on_every_worker_and_inner_states_are_their_
 
 
 def test_the_papers_recipe_unless_the_user_sets_the_optimizer():
-  recipe = run_optim(RunConfig.make(algorithm="diloco", workers=4))
+  recipe = validate(RunConfig.make(algorithm="diloco", workers=4)).optim
   assert (recipe.optimizer, recipe.lr, recipe.weight_decay) == ("adamw", 3e-3, 0.1)
   settings = RunConfig.make(algorithm="diloco").settings()
   assert (settings.outer_optimizer, settings.outer_lr, settings.outer_momentum) == (
       "nesterov", 0.7, 0.9)
   # what the user sets is kept; another optimizer gets the run-wide defaults
-  assert run_optim(RunConfig.make(algorithm="diloco", workers=4, lr=0.01)).lr == 0.01
-  sgd = run_optim(RunConfig.make(algorithm="diloco", workers=4, optimizer="sgd"))
+  assert validate(RunConfig.make(algorithm="diloco", workers=4, lr=0.01)).optim.lr == 0.01
+  sgd = validate(RunConfig.make(algorithm="diloco", workers=4, optimizer="sgd")).optim
   assert (sgd.optimizer, sgd.lr, sgd.weight_decay) == ("sgd", 0.05, 0.0)
-  adamw = run_optim(RunConfig.make(algorithm="diloco", workers=4, optimizer="adamw"))
+  adamw = validate(RunConfig.make(algorithm="diloco", workers=4, optimizer="adamw")).optim
   assert (adamw.lr, adamw.weight_decay) == (3e-3, 0.1)
   # the other algorithms keep sgd
-  assert run_optim(RunConfig.make(algorithm="local_sgd", workers=4)).optimizer == "sgd"
+  assert validate(RunConfig.make(algorithm="local_sgd", workers=4)).optim.optimizer == "sgd"
 
 
 RUN = ["run", "--algorithm", "diloco", "--workers", "2", "--model", "mlp", "--steps", "2",

@@ -203,8 +203,8 @@ def _check_pairs(state, events, slots, num_workers):
 
 @pytest.mark.parametrize("algorithm,compress", [
     ("ad_psgd", "sign"), marks.slow("gosgd", "randk:0.01"),
-    pytest.param("gosgd", "powersgd:2", marks=pytest.mark.slow),
-    pytest.param("ad_psgd", "qsgd:4", marks=pytest.mark.slow)])
+    marks.slow("gosgd", "powersgd:2"),
+    marks.slow("ad_psgd", "qsgd:4")])
 def test_both_ends_of_every_pair_hold_the_same_reference(algorithm, compress):
   """After every step of a run, for every ordered pair m -> k: m's r_{m->k}
   is k's, bit for bit (with GoSGD's messages still in flight added: on a

@@ -18,6 +18,7 @@ import pytest
 from jaxdl.algorithms import ALGORITHMS, AlgorithmSpec, Collective, Problem, ar_sgd
 from jaxdl.cli import main
 from jaxdl.config import RunConfig
+from jaxdl.engines import engines_for
 from jaxdl.settings import Settings, require, setting
 from tests.helpers import make_engine, train
 
@@ -69,7 +70,8 @@ def test_list_shows_the_toy_and_its_setting(toy, capsys):
   assert main(["list"]) == 0
   lines = capsys.readouterr().out.splitlines()
   row = next(i for i, l in enumerate(lines) if l.split()[:1] == ["toy_sgd"])
-  assert "[collective; engines: mesh, sim, ray]" in lines[row] and toy.doc in lines[row]
+  assert f"[collective; engines: {', '.join(engines_for(Collective))}]" in lines[row]
+  assert toy.doc in lines[row]
   assert lines[row + 1].split()[:2] == ["--toy-scale", "1.0"]
   assert "The toy's k" in lines[row + 1]
 

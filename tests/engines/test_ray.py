@@ -21,10 +21,12 @@ import pytest
 import jaxdl
 from jaxdl import trace
 from jaxdl.build import prepare
-from jaxdl.config import RunConfig, validate
+from jaxdl.config import RunConfig
 from jaxdl.engines import ray_engine
 from jaxdl.engines.sim import message_bytes
 from jaxdl.errors import ConfigError
+from jaxdl.validation import validate
+from tests import marks
 from tests.engines.test_split import MEASURED, near_speeds
 from tests.helpers import jaxdl_command, make_engine
 
@@ -57,13 +59,12 @@ def _replayed(tmp_path):
 
 
 @pytest.mark.parametrize("name,settings", [
-    ("asp", {}), pytest.param("ssp", {"staleness_bound": 1}, marks=pytest.mark.slow),
+    ("asp", {}), marks.slow("ssp", {"staleness_bound": 1}),
     # a server in 2 shard actors, each applying its leaves of every push
-    pytest.param("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003, "pin_workers": True},
-                 marks=pytest.mark.slow),
-    pytest.param("dc_asgd", {}, marks=pytest.mark.slow),
-    pytest.param("lc_asgd", {}, marks=pytest.mark.slow),
-    pytest.param("lc_asgd", {"servers": 2}, marks=pytest.mark.slow)])
+    marks.slow("asp", {"servers": 2, "optimizer": "adam", "lr": 0.003, "pin_workers": True}),
+    marks.slow("dc_asgd", {}),
+    marks.slow("lc_asgd", {}),
+    marks.slow("lc_asgd", {"servers": 2})])
 def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, settings):
   m, k = 3, settings.get("servers", 1)
   ray_run = jaxdl.run(RunConfig.make(algorithm=name, engine="ray", workers=m,

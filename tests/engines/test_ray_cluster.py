@@ -18,6 +18,7 @@ import pytest
 
 from jaxdl.engines import ray_cluster, ray_engine
 from jaxdl.errors import ConfigError
+from tests import marks
 from tests.helpers import jaxdl_command
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -145,7 +146,7 @@ def _one_line_refusal(run: subprocess.CompletedProcess) -> tuple[str, str]:
   return line, Path(re.search(r"Ray's messages: (\S+)\)$", line).group(1)).read_text()
 
 
-@pytest.mark.parametrize("token", [pytest.param("none here", marks=pytest.mark.slow), "wrong"])
+@pytest.mark.parametrize("token", [marks.slow("none here"), "wrong"])
 def test_a_missing_or_wrong_token_is_one_line_naming_the_token(head, tmp_path, token):
   """jaxdl turns token authentication on by itself; without the head's
   token it says which token and how to pass it, and writes nothing."""

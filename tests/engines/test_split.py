@@ -9,7 +9,8 @@ import pytest
 
 import jaxdl
 from jaxdl import trace
-from jaxdl.config import RunConfig, validate
+from jaxdl.config import RunConfig
+from jaxdl.validation import validate
 from jaxdl.engines.split import MeshSplit, SplitWorker
 from jaxdl.errors import ConfigError
 from tests.helpers import make_engine, train

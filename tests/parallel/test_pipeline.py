@@ -222,16 +222,15 @@ def test_a_schedule_trains_the_vit_as_one_device_does():
     ("diloco", "mlp", 2, "gpipe", {"inner_steps": 2}),
     marks.slow("sgd", "vit", 4, "gpipe", {"optimizer": "adam", "lr": 1e-3}),
     # (ar_sgd with 1F1B: the mlp's case; the ViT in 4 stages: sgd's)
-    pytest.param("ar_sgd", "vit", 4, "1f1b", {}, marks=pytest.mark.slow),
+    marks.slow("ar_sgd", "vit", 4, "1f1b", {}),
     # (bsp with 1F1B: cnn_bn's case; the cnn's stages of different shapes: GPipe's)
-    pytest.param("bsp", "cnn", 3, "1f1b", {}, marks=pytest.mark.slow),
+    marks.slow("bsp", "cnn", 3, "1f1b", {}),
     # batch norm: with one micro-batch, the whole batch's statistics (2 steps:
     # batch norm over 8 examples of 1x1 maps, ResNet-18 on 8x8 digits, makes a
     # rounding error of the first step's 100 times larger at the third)
-    pytest.param("ar_sgd", "resnet18", 2, "1f1b", {"microbatches": 1, "steps": 2},
-                 marks=pytest.mark.slow),
+    marks.slow("ar_sgd", "resnet18", 2, "1f1b", {"microbatches": 1, "steps": 2}),
     # (ar_sgd pipelined: the mlp's cases; batch norm with one micro-batch: bsp's)
-    pytest.param("ar_sgd", "cnn_bn", 3, "gpipe", {"microbatches": 1}, marks=pytest.mark.slow),
+    marks.slow("ar_sgd", "cnn_bn", 3, "gpipe", {"microbatches": 1}),
     marks.slow("bsp", "cnn_bn", 2, "1f1b", {"microbatches": 1}),
 ])
 def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, model, stages,
@@ -283,8 +282,8 @@ def test_a_pipelined_run_on_the_mesh_trains_as_the_data_parallel_one(algorithm, 
 
 
 @pytest.mark.parametrize("model, stages, schedule", [
-    pytest.param("resnet18", 3, "gpipe", marks=pytest.mark.slow),
-    pytest.param("vgg11_bn", 2, "1f1b", marks=pytest.mark.slow), ("cnn_bn", 2, "1f1b")])
+    marks.slow("resnet18", 3, "gpipe"),
+    marks.slow("vgg11_bn", 2, "1f1b"), ("cnn_bn", 2, "1f1b")])
 def test_a_pipelined_run_with_batch_norm_trains_as_one_device_running_the_micro_batches(
     model, stages, schedule):
   """Batch norm under --parallelism pipeline with 4 micro-batches (each

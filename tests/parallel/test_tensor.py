@@ -64,7 +64,7 @@ def test_convolutions_split_by_channels_and_batch_norm_with_them():
     marks.slow("ar_sgd", "cnn", 2, 4),
     marks.slow("bsp", "mlp", 2, 2),
     marks.slow("ar_sgd", "cnn_bn", 2, 2),                        # batch norm by channels
-    pytest.param("sgd", "resnet18", 1, 4, marks=pytest.mark.slow),
+    marks.slow("sgd", "resnet18", 1, 4),
     marks.slow("diloco", "mlp", 2, 2),
 ])
 def test_a_tensor_parallel_run_trains_as_the_data_parallel_one(algorithm, model, workers, k):

@@ -24,22 +24,22 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import xla_bridge
 
 from jaxdl import cluster, trace
 from jaxdl.algorithms import (SHAPES, Centralized, Collective, Decentralized, Elastic, Gossip,
                               Problem, Shape)
 from jaxdl.algorithms.shapes import has_server
-from jaxdl.config import policy
 from jaxdl.data import SlicedStreams, Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import EventReplay, check_servers, initial_state
 from jaxdl.engines.sim import plan as planning
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import CHUNK_ROWS, handlers
-from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable,
-                                     metric_names, trace_gradient)
+from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable, metric_names,
+                                      trace_gradient)
 from jaxdl.errors import ConfigError
-from jaxdl.partition import Partitioner, Partitions
+from jaxdl.partition import Partitioner, Partitions, Policy
 
 
 class SimState(NamedTuple):
@@ -167,10 +167,6 @@ def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Eve
   return events
 
 
-REAL_ENGINES = ("ray",)
-"""Engines whose traces are a real run's: they replay with "events" batching."""
-
-
 def _beside(path: str, name: str, read):
   """`read` of the JSON file `name` beside a trace.jsonl; None where it is
   missing, unreadable or not as `read` expects."""
@@ -210,7 +206,6 @@ def compute_as_recorded(path: str) -> str | None:
   if recorded >= len(cores):
     return None
   try:  # (no public way to ask whether jax has started)
-    from jax._src import xla_bridge
     started = xla_bridge.backends_are_initialized()
   except (ImportError, AttributeError):
     started = True  # unknown: warn rather than change what may be too late to change
@@ -227,6 +222,14 @@ class SimEngine(base.LocalProcess):
   samples (jaxdl.trace)."""
   name = "sim"
   shapes = SHAPES
+  deterministic, simulated = True, True
+  own_fields = {field: "a setting of the simulated cluster, which a run on real devices does "
+                "not have" for field in cluster.MODELLED if field not in cluster.EMULATED}
+  own_fields["dry_run"] = "a simulated schedule's timing alone"
+
+  @classmethod
+  def check(cls, config, spec) -> None:
+    base.check_reduce(config, spec, own_programs=False)
 
   def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
                config, total_steps: int, batching: str = "auto",
@@ -246,7 +249,7 @@ class SimEngine(base.LocalProcess):
     else:
       self.cost = cost_model(config, problem, streams)
       partitioner = None if config.cluster.partition == "static" else Partitioner(
-          policy(config), streams.batch_sizes)
+          Policy.of(config), streams.batch_sizes)
       schedule = make_schedule(algorithm, self.cost, total_steps, streams.batch_sizes,
                                partitioner)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
@@ -273,9 +276,10 @@ class SimEngine(base.LocalProcess):
       return
     if batching not in ("auto", "vmap", "loop", "scan", "events"):
       raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan, events")
-    # (a synchronous run's steps replay as the simulator's own: its partitions are its events)
+    # (a synchronous run's steps replay as the simulator's own: its partitions are its
+    # events; another engine's asynchronous run, its events one at a time)
     if batching == "auto" and config.output.replay and not isinstance(
-        algorithm, Collective) and recorded_engine(config.output.replay) in REAL_ENGINES:
+        algorithm, Collective) and recorded_engine(config.output.replay) not in (None, self.name):
       batching = "events"
     if batching != "events" and any(e.kind == "restart" and e.peer >= 0 for e in self.events):
       raise ConfigError("replay", config.output.replay,
