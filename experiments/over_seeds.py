@@ -18,6 +18,7 @@ import sys
 import tyro
 
 from jaxdl import report
+from jaxdl.report import markdown
 from jaxdl.cli import script_args
 
 
@@ -80,7 +81,7 @@ def table(args: Args) -> str:
   if args.against:
     what += f" minus {args.against}'s, paired by seed"
   return (f"{what}, mean ± sd over {len(runs)} seeds ({network})\n\n"
-          + report._markdown(["workers"] + variants, rows))
+          + markdown.table(["workers"] + variants, rows))
 
 
 if __name__ == "__main__":

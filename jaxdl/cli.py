@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import gc
-import inspect
 import os
 import signal
 import sys
@@ -152,8 +151,7 @@ def _interrupt(signum, frame) -> None:
 def _compare(args: list[str]) -> int:
   opts, rest = parsing.parse(compare.CompareArgs, _split_lists(args, COMPARE_LIST_FLAGS),
                           "jaxdl compare", return_unknown_args=True,
-                          description=f"{inspect.cleandoc(compare.CompareArgs.__doc__)}\n\n"
-                                      f"{compare.passed_on()}")
+                          description=compare.description())
   grid = compare.named_grid(opts)
   run_flags = {}
   if rest:  # `jaxdl run` flags: settings shared by every cell

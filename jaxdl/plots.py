@@ -13,12 +13,15 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
+from jaxdl.algorithms import ALGORITHMS
+from jaxdl.compare import DEFAULT_GRID, GRIDS
+
 # The figures `write_all` draws, in its order.
 PLOTS = ("curves_time.png", "curves_epochs.png", "accuracy_workers.png", "speedup_workers.png")
 BATCH_TIMES = "batch_times.png"  # drawn where cells recorded their workers' batch times
 STRATEGIES = "strategies.png"  # drawn for a comparison of parallelisms
 ACCURACY_BYTES = "accuracy_bytes.png"  # drawn where cells counted the bytes they sent
-Report = Any  # a jaxdl.report.Report: its cells, networks and baseline
+Report = Any  # a jaxdl.report.Comparison: its cells, networks and baseline
 Figure = Any  # a matplotlib Figure
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 
@@ -38,8 +41,6 @@ def color_order() -> list[str]:
   """The labels with a colour of their own, in palette order: the default
   comparison's variants, every other registered algorithm, then the other
   named grids' variants."""
-  from jaxdl.algorithms import ALGORITHMS
-  from jaxdl.compare import DEFAULT_GRID, GRIDS
   return list(dict.fromkeys([v.label for v in DEFAULT_GRID.variants] + ALGORITHMS.names()
                             + [v.label for g in GRIDS.values() for v in g.variants]))
 

@@ -168,7 +168,9 @@ def _coerce(field: str, value: Any, kind: Any) -> Any:
 
 
 def symbol(cls: type, field: str) -> str | None:
-  return next(f.metadata.get("symbol") for f in dataclasses.fields(cls) if f.name == field)
+  """The paper symbol of the setting `field` of `cls` (None: none, or not its setting)."""
+  return next((f.metadata.get("symbol") for f in dataclasses.fields(cls) if f.name == field),
+              None)
 
 
 @functools.cache

@@ -73,6 +73,15 @@ def test_a_measured_profile_sets_the_grids_compute_time():
       "compute_time"] == 2e-4
 
 
+def test_a_shared_setting_reaches_the_cells_whose_algorithm_has_it(tmp_path):
+  from jaxdl.compare import CompareArgs, apply_args
+  grid = apply_args(DEFAULT_GRID, CompareArgs(algorithms=("asp", "dc_asgd")), {"dc_lambda": 0.5})
+  configs = {c.variant: grid.config(c, tmp_path) for c in grid.cells()}
+  assert configs["dc_asgd"].settings().dc_lambda == 0.5
+  assert "dc_lambda" not in configs["asp"].settings_dict()
+  assert compare.check_cells(grid, tmp_path) == {}
+
+
 def test_setting_lists_expand_the_variants_they_apply_to():
   grid = Grid(variants=(Variant("asp"), Variant("ssp"), Variant("easgd")))
   grid = grid.with_setting("staleness_bound", (1, 5)).with_setting("communication_period", (2,))
@@ -241,3 +250,108 @@ def test_a_named_grid(tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path / "c"), *args]) == 2
     assert capsys.readouterr().err.strip() == f"jaxdl compare: error: {says}"
   assert not (tmp_path / "c").exists()
+
+
+def _grid(argv: list[str]) -> Grid:
+  """The default grid as compare's command line `argv` (compare's own flags) makes it."""
+  from jaxdl import parsing
+  from jaxdl.cli import COMPARE_LIST_FLAGS, _split_lists
+  args = parsing.parse(compare.CompareArgs, _split_lists(argv, COMPARE_LIST_FLAGS),
+                       "jaxdl compare")
+  return compare.apply_args(compare.named_grid(args), args, {})
+
+
+def test_a_sweep_over_a_setting_without_a_flag_of_its_own(tmp_path):
+  """--sweep elasticity=...: one easgd variant per value, each cell's config
+  holding its value; the other algorithms' variants as they were."""
+  grid = _grid(["--algorithms", "sgd,easgd,asp", "--workers", "2,4",
+                "--sweep", "elasticity=0.25,0.75"])
+  assert [v.label for v in grid.variants] == ["sgd", "easgd_alpha0.25", "easgd_alpha0.75", "asp"]
+  train = [c for c in grid.cells() if not c.timing]
+  assert [c.name for c in train] == ["sgd-m1", "easgd_alpha0.25-m2", "easgd_alpha0.25-m4",
+                                     "easgd_alpha0.75-m2", "easgd_alpha0.75-m4", "asp-m2",
+                                     "asp-m4"]
+  for cell in train:
+    expected = {"easgd_alpha0.25": 0.25, "easgd_alpha0.75": 0.75}.get(cell.variant)
+    assert cell.overrides.get("elasticity") == expected, cell.name
+    config = grid.config(cell, tmp_path)
+    validate(config)
+    assert config.flat().get("elasticity") == expected, cell.name
+  # Run for real: each cell trains with its own elasticity (the results differ).
+  out = tmp_path / "cmp"
+  assert main(["compare", "--out", str(out), "--algorithms", "easgd", "--workers", "2",
+               "--sweep", "elasticity=0.25,0.75", "--steps", "4", "--communication-period", "1",
+               "--timing-networks", "10gbps", "--jobs", "1", "--no-progress",
+               "--no-report"]) == 0
+  summaries = {}
+  for value in ("0.25", "0.75"):
+    run = out / f"easgd_alpha{value}-m2"
+    config = json.loads((run / "config.json").read_text())
+    assert config["algorithm"]["settings"]["elasticity"] == float(value)
+    assert config["algorithm"]["settings"]["communication_period"] == 1  # the shared flag's
+    summaries[value] = json.loads((run / "summary.json").read_text())["params_fingerprint"]
+  assert summaries["0.25"] != summaries["0.75"]
+
+
+def test_sweeps_combine_and_a_run_fields_sweep_leaves_the_baseline():
+  """Two sweeps: every combination, the first varying slowest and named
+  first; a run field's sweep takes every variant but one-worker sgd's."""
+  grid = _grid(["--algorithms", "sgd,easgd,ssp", "--sweep", "lr=0.1,0.01",
+                "--sweep", "communication_period=2,8"])
+  assert [v.label for v in grid.variants] == [
+      "sgd", "easgd_lr0.1_tau2", "easgd_lr0.1_tau8", "easgd_lr0.01_tau2", "easgd_lr0.01_tau8",
+      "ssp_lr0.1", "ssp_lr0.01"]
+  cell = next(c for c in grid.cells() if c.name == "easgd_lr0.01_tau8-m4")
+  assert cell.overrides["lr"] == 0.01 and cell.overrides["communication_period"] == 8
+  assert grid.config(cell, Path("out")).optim.lr == 0.01
+  sgd = next(c for c in grid.cells() if c.name == "sgd-m1")
+  assert grid.config(sgd, Path("out")).optim.lr == 0.05  # the shared value
+
+
+@pytest.mark.parametrize("alias,field,values,variants", [
+    ("--staleness-bounds", "staleness_bound", "3,10", ["ssp_s3", "ssp_s10"]),
+    ("--communication-periods", "communication_period", "2,4",
+     ["easgd_tau2", "easgd_tau4", "local_sgd_tau2", "local_sgd_tau4"]),
+    ("--gossip-probabilities", "gossip_probability", "1,0.1", ["gosgd_p1", "gosgd_p0.1"]),
+])
+def test_an_alias_is_the_sweep_it_stands_for(alias, field, values, variants):
+  base = ["--algorithms", "sgd,asp,ssp,easgd,local_sgd,gosgd", "--workers", "2,4"]
+  by_alias = _grid([*base, alias, values])
+  by_sweep = _grid([*base, "--sweep", f"{field}={values}"])
+  assert by_alias == by_sweep and by_alias.cells() == by_sweep.cells()
+  swept = [v.label for v in by_alias.variants if dict(v.settings).get(field) is not None]
+  assert swept == variants
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--sweep", "elasticity"], "--sweep='elasticity' is not valid: NAME=V1,V2,..."),
+    (["--sweep", "elastic=0.5"], "did you mean elasticity?"),
+    (["--sweep", "elasticity=0.5,x"], "--sweep='elasticity=x' is not valid: a number, or None"),
+    (["--sweep", "elasticity=2"], "--sweep='elasticity=2' is not valid: a number in [0, 1] "
+                                  "(cell easgd_alpha2-m2)"),
+    (["--sweep", "elasticity=0.5,nan"], "--sweep='elasticity=nan' is not valid: a finite "
+                                        "number (cell easgd_alphanan-m2)"),
+    (["--sweep", "elasticity="], "one value or more, none empty"),
+    (["--sweep", "communication_period=1.5"], "an integer"),
+    (["--sweep", "lr=-1"], "--sweep='lr=-1' is not valid: a number > 0 (cell easgd_lr-1-m2)"),
+    (["--sweep", "seed=-1"], "--sweep='seed=-1' is not valid: an integer in [0, 2**32)"),
+    (["--sweep", "schedule=cosine,often"], "one of constant, cosine, step, linear"),
+    (["--sweep", "workers=2,4"], "compare sets per cell: use --workers"),
+    (["--sweep", "engine=sim,ray"], "use --engine"),
+    (["--sweep", "batch_sizes=8"], "batch_sizes takes a list"),
+    (["--sweep", "staleness_bound=1,2"], "no algorithm in the grid (sgd, easgd) has "
+                                         "--staleness-bound (ssp do)"),
+    (["--sweep", "elasticity=0.5", "--sweep", "elasticity=0.1"], "swept once"),
+    (["--sweep", "communication_period=2", "--communication-periods", "4"], "swept once"),
+    (["--sweep", "elasticity=0.5", "--elasticity", "0.1"], "--elasticity is given"),
+    (["--communication-periods", "4", "--communication-period", "2"], "--communication-period "
+                                                                      "is given"),
+])
+def test_a_bad_sweep_is_one_line_exit_2(tmp_path, capsys, args, says):
+  out = tmp_path / "cmp"
+  code = main(["compare", "--out", str(out), "--no-progress", "--algorithms", "sgd,easgd",
+               "--workers", "2", *args])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+  assert says in err and ("--sweep=" in err or "--communication-periods=" in err), err
+  assert not out.exists()

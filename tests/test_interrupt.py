@@ -154,16 +154,16 @@ def test_a_stopped_cell_ends_its_process(tmp_path):
   import concurrent.futures as futures
   import multiprocessing
 
-  from jaxdl import compare
+  from jaxdl.compare import pool as cells
   from jaxdl.config import RunConfig
 
   run = tmp_path / "run"
   config = RunConfig.make(algorithm="asp", workers=2, steps=100000, model="mlp",
                           out=str(run), progress=False)
   pool = futures.ProcessPoolExecutor(1, multiprocessing.get_context("spawn"),
-                                     initializer=compare._worker_init, initargs=(os.getpid(),))
+                                     initializer=cells._worker_init, initargs=(os.getpid(),))
   try:
-    cell = pool.submit(compare._run_cell, config.to_dict())
+    cell = pool.submit(cells._run_cell, config.to_dict())
     assert _wait(lambda: (run / "config.json").exists(), 120)
     (process,) = pool._processes.values()
     process.terminate()
@@ -184,9 +184,9 @@ def test_a_stopped_cell_ends_its_process_though_its_cleanup_never_ends():
   threads that the signal left stuck)."""
   script = """if True:
     import threading, time
-    from jaxdl import compare
-    compare.STOP_SECONDS = 1.0
-    compare._worker_init(compare.os.getppid())
+    from jaxdl.compare import pool
+    pool.STOP_SECONDS = 1.0
+    pool._worker_init(pool.os.getppid())
     try:
       print("running", flush=True)
       time.sleep(60)

@@ -1,0 +1,87 @@
+"""A comparison directory's finished cells, split and looked up as the
+report's tables and plots need them: training and timing cells, networks,
+the one-worker baseline, the metric and its target."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from jaxdl.report.cells import ACCURACY, CellResult, load
+from jaxdl.validation import check_target
+
+BASELINE = "sgd"
+
+
+def metric_label(metric: str) -> str:
+  """test_nats_per_char -> test nats per char."""
+  return metric.replace("_", " ")
+
+
+class Comparison:
+  """The finished cells of one comparison directory."""
+  baseline_variant = BASELINE
+
+  def __init__(self, directory: str | Path, target: float | None = None):
+    self.directory = Path(directory)
+    cells, self.status, self.skipped = load(self.directory)
+    for name, why in self.skipped.items() if cells else ():  # (with none: the caller's error)
+      print(f"warning: skipping cell {name}: its run files are unreadable ({why})",
+            file=sys.stderr)
+    self.train = [c for c in cells if not c.timing]
+    self.timing = [c for c in cells if c.timing]
+    first = (self.train or self.timing or [None])[0]
+    self.metric = first.metric if first else ACCURACY
+    self.higher = first.higher_is_better if first else True
+    check_target(target, self.metric)
+    self.networks = list(dict.fromkeys(c.network for c in self.train))
+    self.main = self.networks[0] if self.networks else None
+    baseline = self.baseline(self.main)
+    if target is None:
+      finished = [c for c in self.train if c.score is not None]
+      pick = max if self.higher else min
+      best = (baseline if baseline and baseline.score is not None else
+              pick(finished, key=lambda c: c.score, default=None))
+      target = (0.0 if best is None else math.floor(0.95 * best.score * 100) / 100
+                if self.higher else math.ceil(1.05 * best.score * 100) / 100)
+    self.target = target
+
+  @property
+  def label(self) -> str:
+    """The metric as the tables name it: test accuracy, test nats per char."""
+    return metric_label(self.metric)
+
+  @property
+  def error_label(self) -> str:
+    return "Test error %" if self.higher else metric_label(self.metric).capitalize()
+
+  def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
+    pool = self.timing if timing else self.train
+    return next((c for c in pool if c.variant == BASELINE and c.workers == 1
+                 and c.network == network), None)
+
+  def _cell(self, variant: str, workers: int, network: str,
+            timing: bool = False) -> CellResult | None:
+    pool = self.timing if timing else self.train
+    return next((c for c in pool if (c.variant, c.workers, c.network) ==
+                 (variant, workers, network)), None)
+
+  def heterogeneous(self, network: str) -> list[CellResult]:
+    """The cells whose workers' batch times were recorded (synchronous
+    runs on the sim engine, or on the mesh or ray engine with workers of
+    their own programs: each worker's per-batch distribution)."""
+    return [c for c in self.train if c.network == network and not c.diverged
+            and c.summary.get("batch_seconds_histogram")]
+
+  def strategies(self, network: str) -> list[CellResult]:
+    """The cells of a comparison of parallelisms (one of them pipelined or
+    tensor parallel): those that ran on devices (the mesh engine's memory
+    analysis)."""
+    cells = [c for c in self.train if c.network == network
+             and c.summary.get("memory_per_device_bytes")]
+    split = any(c.summary.get("stages") or c.summary.get("tensor_parallel") for c in cells)
+    return cells if split else []
+
+  def failures(self) -> list[tuple[str, str]]:
+    return [(name, s.get("error", "")) for name, s in self.status.items()
+            if s.get("status") == "failed"]
