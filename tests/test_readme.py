@@ -1,5 +1,6 @@
 """The README's worked examples run as written: your own task, adding an algorithm,
 adding an engine."""
+import dataclasses
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 import jaxdl
 import jaxdl.runner
-from jaxdl.algorithms import ALGORITHMS
+from jaxdl.algorithms import ALGORITHMS, Collective
 from jaxdl.config import RunConfig
 from jaxdl.engines import ENGINES, Engine
 
@@ -86,3 +87,30 @@ def test_the_task_example_trains_a_model_of_its_own(tmp_path, monkeypatch):
   variance = float(namespace["x"].sum(1).var())  # the loss of predicting the mean
   assert namespace["summary"]["test_loss"] < 0.01 * variance
   assert (tmp_path / "runs" / "sum" / "summary.json").exists()
+
+
+def _rows(heading: str) -> list[str]:
+  """The rows of the first table under the README heading `heading`."""
+  text = README.read_text()
+  body = text[text.index(f"{heading}\n"):].split("\n\n| ", 1)[1]
+  return ["| " + line if i == 0 else line for i, line in
+          enumerate(body.split("\n\n")[0].splitlines())][2:]
+
+
+def test_the_algorithm_tables_are_the_registrys():
+  """Every algorithm of the package has its row, in the table of its
+  engines' kind, and every flag a row names is a flag of the run or of
+  that algorithm."""
+  tables = {Collective: _rows("### Synchronous algorithms on the device mesh"),
+            None: _rows("### Asynchronous algorithms on a simulated cluster")}
+  rows = {kind: {re.match(r"\| `(\w+)`", row).group(1): row for row in table}
+          for kind, table in tables.items()}
+  built_in = {n for n in ALGORITHMS if ALGORITHMS.get(n).build.__module__.startswith("jaxdl.")}
+  assert set(rows[Collective]) | set(rows[None]) == built_in
+  assert all(ALGORITHMS.get(n).shape is Collective for n in rows[Collective])
+  assert all(ALGORITHMS.get(n).shape is not Collective for n in rows[None])
+  run_flags = set(RunConfig().flat())
+  for name, row in {**rows[Collective], **rows[None]}.items():
+    settings = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).settings)}
+    for flag in re.findall(r"--([a-z][a-z-]*)", row):
+      assert flag.replace("-", "_") in run_flags | settings, (name, flag)

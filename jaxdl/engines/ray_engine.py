@@ -171,7 +171,7 @@ class RayEngine(_RayRun):
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
   worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
   shapes = (Collective, Centralized, Elastic, Gossip, Decentralized)
-  deterministic, simulated = False, False
+  deterministic = False
   own_fields = {
       "ray_address": "the Ray cluster its processes run on",
       "pin_workers": "it pins each worker process to cores of its own",

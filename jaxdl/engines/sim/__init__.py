@@ -222,7 +222,7 @@ class SimEngine(base.LocalProcess):
   samples (jaxdl.trace)."""
   name = "sim"
   shapes = SHAPES
-  deterministic, simulated = True, True
+  simulated = True
   own_fields = {field: "a setting of the simulated cluster, which a run on real devices does "
                 "not have" for field in cluster.MODELLED if field not in cluster.EMULATED}
   own_fields["dry_run"] = "a simulated schedule's timing alone"
