@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # module -> the test files that exercise it (in the order they run)
 MODULE_TESTS = {
     "async_bn": ["tests/algorithms/test_async_bn.py"],
+    "async_schedules": ["tests/cluster/test_schedule.py"],
     "base": ["tests/test_task.py", "tests/algorithms"],  # Problem.check_task: a task's checks
     "lc_asgd": ["tests/algorithms/test_async_bn.py", "tests/algorithms/test_lc_asgd.py"],
     "schedule": ["tests/cluster/test_schedule.py"],
+    "sync_schedules": ["tests/cluster/test_schedule.py"],
     "task": ["tests/test_task.py", "tests/test_language_model.py"],
 }
 ALWAYS = ["tests/algorithms/test_setting_ranges.py", "tests/test_fingerprints.py"]

@@ -24,7 +24,7 @@ weight travel whole. Each worker keeps 2 M references, so M is bounded
 Versions read: `send` decides the message, (x_m, a_m) (or q, a_m) as they
 are at the push; `receive` merges that message into the receiver as it is
 on arrival. Engines keep one message of a worker in flight at a time: its
-next push waits for that merge (jaxdl.cluster.schedule.gossip).
+next push waits for that merge (jaxdl.cluster.async_schedules.gossip).
 """
 from __future__ import annotations
 

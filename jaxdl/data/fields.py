@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from jaxdl.data.sources import ArraySplit
+from jaxdl.data.arrays import ArraySplit
 from jaxdl.errors import TaskError
 
 Fields = dict[str, np.ndarray]

@@ -305,7 +305,7 @@ def collective_bytes(algorithm: Collective, problem: Problem, num_workers: int,
                      events: Sequence[Event], total_steps: int) -> float:
   """Bytes all workers sent in the steps of `events` ("step"), of a run of
   `total_steps`, counted as the simulator counts them
-  (jaxdl.cluster.schedule.synchronous): an all-reduce is a ring's, 2 (M - 1)
+  (jaxdl.cluster.sync_schedules.synchronous): an all-reduce is a ring's, 2 (M - 1)
   model bytes (with --compress an all-gather, M (M - 1) messages), at every
   step ("allreduce") or at every `period`-th ("local"); a parameter
   server's step ("ps": bsp) is each worker's push, and its pull of the
