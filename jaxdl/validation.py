@@ -20,7 +20,6 @@ from jaxdl import (algorithms, cluster, data, distributed, engines, models, opti
 from jaxdl.algorithms import ALGORITHMS, AlgorithmSpec
 from jaxdl.algorithms.compression import parse_compress
 from jaxdl.config import TASK_PREFIX, OptimConfig, RunConfig, field_types, settings_types
-from jaxdl import engines
 from jaxdl.errors import ConfigError, positive
 from jaxdl.partition import Policy
 
