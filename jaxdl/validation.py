@@ -46,15 +46,18 @@ class Plan:
     engine: the name of the engine that runs it (--engine, or auto's choice).
     optim: the optimizer section with every unset field filled (by the
       algorithm's defaults for its M workers, else jaxdl.optim's).
-    batch_sizes: each worker's batch size.
     policy: the partition policy of the global batch.
   """
   config: RunConfig
   spec: AlgorithmSpec
   engine: str
   optim: OptimConfig
-  batch_sizes: tuple[int, ...]
   policy: Policy
+
+  @property
+  def batch_sizes(self) -> tuple[int, ...]:
+    """Each worker's batch size (M of them: asked once the data has bounded M)."""
+    return data.batch_sizes(self.config)
 
 
 def _holds(hint: Any, kind: type) -> bool:
@@ -148,8 +151,7 @@ def validate(config: RunConfig) -> Plan:
 
   Returns:
     The Plan: the config, its algorithm's spec, its engine's name, its
-    filled optimizer section, its workers' batch sizes and its partition
-    policy.
+    filled optimizer section and its partition policy.
   """
   c = config.flat()
   check_numbers(c, field_types() | settings_types(c["algorithm"]))
@@ -169,4 +171,4 @@ def validate(config: RunConfig) -> Plan:
   engines.check(engine, config, spec)
   parallel.check(config)
   optimizer = filled_optim(config, spec)  # --opt-args, once the algorithm's recipe is known
-  return Plan(config, spec, engine, optimizer, data.batch_sizes(config), policy)
+  return Plan(config, spec, engine, optimizer, policy)
