@@ -114,8 +114,8 @@ def _check_run_fields(c: dict[str, Any]) -> None:
     raise ConfigError("overwrite", True, "not together with --resume")
 
 
-def _check_data_and_model(config: RunConfig) -> None:
-  c = config.flat()
+def _check_data_and_model(c: dict[str, Any]) -> None:
+  """The data's and the model's own fields (`c`: the config's flat fields)."""
   for field in ("batch_size", "workers"):
     positive(field, c[field])
   positive("image_size", c["image_size"], allow_none=True)
@@ -156,7 +156,7 @@ def validate(config: RunConfig) -> Plan:
   c = config.flat()
   check_numbers(c, field_types() | settings_types(c["algorithm"]))
   _check_run_fields(c)
-  _check_data_and_model(config)
+  _check_data_and_model(c)
   optim.check(config.optim)
   distributed.check(config.distributed)
   cluster.check(config.cluster)

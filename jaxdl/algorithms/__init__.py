@@ -8,8 +8,6 @@ derive from the registry.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, diloco, easgd, gosgd,
                               lc_asgd, local_sgd)
 from jaxdl.algorithms.base import AlgorithmSpec, Batch, Problem, TrainState
@@ -18,7 +16,7 @@ from jaxdl.algorithms.shapes import (SHAPES, Centralized, Collective, Decentrali
                                      Gossip, Shape)
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
-from jaxdl.settings import SETTINGS
+from jaxdl.settings import SETTINGS, owners
 
 
 
@@ -92,13 +90,9 @@ def build(spec: AlgorithmSpec, settings, problem: Problem, num_workers: int,
 
 
 def settings_owners() -> dict[str, list[AlgorithmSpec]]:
-  """Each setting's name -> the algorithms that declare it, in registry order."""
-  owners: dict[str, list[AlgorithmSpec]] = {}
-  for name in ALGORITHMS:
-    spec = ALGORITHMS.get(name)
-    for field in dataclasses.fields(spec.settings):
-      owners.setdefault(field.name, []).append(spec)
-  return owners
+  """Each setting's name -> the specs of the algorithms that declare it, in
+  registry order (jaxdl.settings.owners, by spec)."""
+  return {field: [ALGORITHMS.get(n) for n in names] for field, names in owners().items()}
 
 
 __all__ = ["ALGORITHMS", "SHAPES", "AlgorithmSpec", "Batch", "Centralized", "Collective",
