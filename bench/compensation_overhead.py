@@ -66,8 +66,8 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
   arms, rounds = {}, {}
   for arm, extra in ARMS.items():
     config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
-    # as in a run of thousands of steps: a program per common shape of step
-    sim = SimEngine(_shape(config, problem), problem, streams, config, total, fused_steps=1)
+    # as in a run of thousands of steps: a program per common signature of step
+    sim = SimEngine(_algorithm(config, problem), problem, streams, config, total, fused_steps=1)
     arms[arm] = _sim_arm(sim, total)
     rounds[arm] = _server_round(sim, args.calls)
   times = interleaved(arms, args.steps, args.rounds, warmup=1)
@@ -88,8 +88,8 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
           for arm in ARMS if arm != "asp"}
 
 
-def _shape(config, problem: Problem):
-  """The config's algorithm, built for `problem` (a Centralized shape here)."""
+def _algorithm(config, problem: Problem):
+  """The config's algorithm, built for `problem` (a Centralized one here)."""
   spec = ALGORITHMS.get(config.algorithm.algorithm)
   return algorithms.build(spec, config.settings(), problem, config.algorithm.workers)
 

@@ -3,8 +3,8 @@
 The sim engine batches the workers' gradients (vmap over their stacked pulled
 parameter versions), so simulating `asp` with M workers should cost about M
 single steps. Prints samples/s of both arms and the ratio sim / single
-(goal >= 0.9): the steady state of a long run, each common shape of step
-one program compiled before the clock starts (a run fuses a shape of at
+(goal >= 0.9): the steady state of a long run, each common signature of step
+one program compiled before the clock starts (a run fuses a signature of at
 least jaxdl.engines.sim.runner.FUSED_STEPS steps; shorter runs call a
 step's segments one by one and spend less on compiling).
 
@@ -67,7 +67,7 @@ def bench_case(case: str, args: Args) -> float:
   asp = algorithms.build(ALGORITHMS.get("asp"), config.settings(), problem, workers)
   arms = {}
   for batching in args.batchings:
-    # each common shape of step one program, as in a run of thousands of steps
+    # each common signature of step one program, as in a run of thousands of steps
     # (runner.FUSED_STEPS), compiled before the clock starts (_sim_arm)
     sim = SimEngine(asp, problem, streams, config, total, batching=batching, fused_steps=1)
     arms[f"sim asp, {workers} workers, {batching} ({sim.batching})"] = _sim_arm(sim, total)
@@ -96,7 +96,7 @@ def bench_case(case: str, args: Args) -> float:
 def _sim_arm(sim, total: int):
   """Runs n sim steps from where the last call stopped. The first call runs
   all `total` steps once first, then starts again from step 0: the engine
-  compiles a program for each shape of step as it first comes."""
+  compiles a program for each signature of step as it first comes."""
   state = [None, 0]
 
   def run(n):

@@ -64,9 +64,9 @@ def run_case(algorithm: str, workers: int, steps: int) -> dict:
   problem = Problem(classification(build_model("mlp", 10, shape)),
                     make_optimizer(config.optim, 10**6, 100))
   spec = ALGORITHMS.get(algorithm)
-  shape_of = algorithms.build(spec, config.settings(), problem, workers)
+  built = algorithms.build(spec, config.settings(), problem, workers)
   streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
-  sim = SimEngine(shape_of, problem, streams, config, 2 * steps)
+  sim = SimEngine(built, problem, streams, config, 2 * steps)
   rss_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   setup_mb = rss_mb()
   state = sim.init(jax.random.key(0))

@@ -77,7 +77,7 @@ def model_costs(name: str, batch: int, profile: str, classes: int) -> tuple[floa
 
 @functools.cache
 def _stand_in() -> Problem:
-  """A small model to build algorithm shapes with (see `throughput`)."""
+  """A small model to build algorithms' family records with (see `throughput`)."""
   return Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
 
 
@@ -88,9 +88,9 @@ def throughput(algorithm: str, settings: dict, workers: int, network: str, compu
                           batch_size=args.batch_size, steps=args.steps, dry_run=True,
                           **settings)
   spec = validate(config).spec
-  # The schedule reads the shape's declared policy (sync mode, period,
+  # The schedule reads the family's declared policy (sync mode, period,
   # staleness bound, probability), which the settings alone decide; the
-  # model's size enters through the cost model. So the shape is built for a
+  # model's size enters through the cost model. So the algorithm is built for a
   # small stand-in model: building it for ResNet-50 costs seconds a cell.
   alg = algorithms.build(spec, config.settings(), _stand_in(), workers)
   c = config.cluster

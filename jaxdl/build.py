@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from jaxdl import algorithms
-from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Shape
+from jaxdl.algorithms import AlgorithmSpec, Centralized, Problem, Family
 from jaxdl.config import TASK_PREFIX, RunConfig
 from jaxdl.data import Streams, TextDataset, check_workers, load_dataset, make_streams
 from jaxdl.engines import base as engines_base
@@ -30,7 +30,7 @@ class Setup:
   task: Task
   streams: Streams
   spec: AlgorithmSpec
-  algorithm: Shape
+  algorithm: Family
   problem: Problem
   engine: Engine | None  # None from `prepare`: the parts a process of a real engine needs
   total_steps: int
@@ -134,7 +134,7 @@ def assemble(plan: Plan, task: Task | None = None, streams: Streams | None = Non
   # A parameter server's optimizer updates once per push, M times a step
   # (exactly, with equal batch sizes; a step is B samples, jaxdl.trace).
   m = config.algorithm.workers
-  per_step = m if spec.shape is Centralized else 1
+  per_step = m if spec.family is Centralized else 1
   optimizer = make_optimizer(plan.optim, total, streams.steps_per_epoch, per_step)
   problem = Problem(task, optimizer, sync_bn=config.algorithm.sync_bn,
                     async_bn=config.algorithm.async_bn, seed=config.train.seed,

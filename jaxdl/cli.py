@@ -241,8 +241,8 @@ def _list(args: list[str]) -> int:
   rows = []
   for name in ALGORITHMS:
     spec = ALGORITHMS.get(name)
-    rows.append((name, f"{spec.doc} [{spec.shape.__name__.lower()}; engines: "
-                       f"{', '.join(engines_for(spec.shape))}]"))
+    rows.append((name, f"{spec.doc} [{spec.family.__name__.lower()}; engines: "
+                       f"{', '.join(engines_for(spec.family))}]"))
     docs = field_docs(spec.settings)
     for field, value in spec.settings().to_dict().items():
       rows.append((f"  --{field.replace('_', '-')} {value}", docs.get(field, "")))
@@ -257,8 +257,8 @@ def _list(args: list[str]) -> int:
       ("10gbps, 56gbps, 100mbps", "link bandwidth per worker and per server shard: "
        "bits (gbps, mbps, gbit) or bytes (GB/s)")]))
   sections.append(("engines (--engine)", [
-      (name, f"{ENGINES.doc(name)} [shapes: "
-             f"{', '.join(s.__name__.lower() for s in ENGINES.get(name).shapes)}]")
+      (name, f"{ENGINES.doc(name)} [families: "
+             f"{', '.join(s.__name__.lower() for s in ENGINES.get(name).families)}]")
       for name in ENGINES]))
   for title, rows in sections:
     print(title)

@@ -87,7 +87,7 @@ class AlgorithmConfig:
   workers: int = 1
   """Number of workers M."""
   engine: str = "auto"
-  """Engine that runs the algorithm: auto picks the first that runs its shape (see `jaxdl list`)."""
+  """Engine that runs the algorithm: auto picks the first that runs its family (see `jaxdl list`)."""
   sync_bn: bool = False
   """Batch-norm statistics over all workers' batches instead of each worker's own."""
   async_bn: bool = False

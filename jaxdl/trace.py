@@ -6,7 +6,7 @@ seconds from the cost model, or wall seconds in a recorded real run. The sim
 engine executes the math of a schedule event by event, so a schedule fully
 determines the parameters: same schedule, same bits.
 
-Event kinds, by the shape of the algorithm's communication
+Event kinds, by the family of the algorithm's communication
 (`Event.kind`, what the math does, who is involved):
 
   centralized (asp, ssp, dc_asgd, lc_asgd):

@@ -101,7 +101,7 @@ def test_replay_unknown_event_fields(capsys, tmp_path):
   refused(capsys, _replay(out, trace, "--algorithm", "asp", "--workers", "4"), "--replay", out)
 
 
-def test_replay_of_another_shape(capsys, tmp_path, asp_run):
+def test_replay_of_another_family(capsys, tmp_path, asp_run):
   # Today's traceback came from the first step, after the run directory was made.
   out = tmp_path / "run"
   line = refused(capsys, _replay(out, asp_run / "trace.jsonl", "--algorithm", "local_sgd",

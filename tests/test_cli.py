@@ -54,10 +54,10 @@ def test_list_prints_every_registry(capsys):
                "local"):
     assert word in out, word
   lines = out.split("algorithms (--algorithm)")[1].split("engines (--engine)")[0].splitlines()
-  for name in ALGORITHMS:  # each algorithm with its shape and engines, then its settings
+  for name in ALGORITHMS:  # each algorithm with its family and engines, then its settings
     spec = ALGORITHMS.get(name)
     row = next(i for i, l in enumerate(lines) if l.split()[:1] == [name])
-    assert (f"[{spec.shape.__name__.lower()}; engines: {', '.join(engines_for(spec.shape))}]"
+    assert (f"[{spec.family.__name__.lower()}; engines: {', '.join(engines_for(spec.family))}]"
             in lines[row])
     flags = [l.split()[0] for l in lines[row + 1:row + 1 + len(dataclasses.fields(spec.settings))]]
     assert flags == [flag(f.name) for f in dataclasses.fields(spec.settings)], name

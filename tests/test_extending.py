@@ -3,9 +3,9 @@ package of the user's own, named in JAXDL_PLUGINS, join every
 registry-driven test with no other edit.
 
 The package holds the README's own examples (the algorithm asp_clip, of an
-existing shape with a setting and its range; the engine vmap) and a task,
+existing family with a setting and its range; the engine vmap) and a task,
 each registered by one line; the suite's registry-driven tests (common,
-shapes, settings ranges, list, help, compare, report, tasks) then run in a
+families, settings ranges, list, help, compare, report, tasks) then run in a
 fresh process, and must generate and pass cases for each of the three.
 """
 import os
@@ -41,7 +41,7 @@ def make_task():
 
 TASKS.register("toy_sum")(make_task)
 '''
-SUITE = ["tests/algorithms/test_common.py", "tests/algorithms/test_shapes.py",
+SUITE = ["tests/algorithms/test_common.py", "tests/algorithms/test_families.py",
          "tests/algorithms/test_setting_ranges.py", "tests/algorithms/test_defaults.py",
          "tests/test_cli.py", "tests/test_compare.py", "tests/test_report.py",
          "tests/test_task.py"]
@@ -49,7 +49,7 @@ SUITE = ["tests/algorithms/test_common.py", "tests/algorithms/test_shapes.py",
 EXPECTED = {
     "algorithm": r"test_common\.py::\S+\[asp_clip-sim\]",
     "its setting's range": r"test_setting_ranges\.py::\S+\[asp_clip-clip_norm=0",
-    "its shape's invariants": r"test_shapes\.py::\S+\[asp_clip",
+    "its family's invariants": r"test_families\.py::\S+\[asp_clip",
     "its real engine": r"test_common\.py::\S+\[asp_clip-ray\]",
     "engine": r"test_common\.py::\S+\[ar_sgd-vmap\]",
     "task": r"test_task\.py::\S+\[toy_sum\]",

@@ -107,8 +107,8 @@ def test_the_algorithm_tables_are_the_registrys():
           for kind, table in tables.items()}
   built_in = {n for n in ALGORITHMS if ALGORITHMS.get(n).build.__module__.startswith("jaxdl.")}
   assert set(rows[Collective]) | set(rows[None]) == built_in
-  assert all(ALGORITHMS.get(n).shape is Collective for n in rows[Collective])
-  assert all(ALGORITHMS.get(n).shape is not Collective for n in rows[None])
+  assert all(ALGORITHMS.get(n).family is Collective for n in rows[Collective])
+  assert all(ALGORITHMS.get(n).family is not Collective for n in rows[None])
   run_flags = set(RunConfig().flat())
   for name, row in {**rows[Collective], **rows[None]}.items():
     settings = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).settings)}

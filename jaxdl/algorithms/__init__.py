@@ -2,7 +2,7 @@
 
 An algorithm module declares its settings (a `jaxdl.settings.Settings`
 dataclass), its factory `build(settings, problem, num_workers)` returning one
-of the shapes of `jaxdl.algorithms.shapes`, and an `AlgorithmSpec`; the line
+of the families of `jaxdl.algorithms.families`, and an `AlgorithmSpec`; the line
 below registers it. Flags, `jaxdl list`, compare labels and validation all
 derive from the registry.
 """
@@ -12,8 +12,8 @@ from jaxdl.algorithms import (ad_psgd, ar_sgd, asp, async_bn, bsp, dc_asgd, dilo
                               lc_asgd, local_sgd)
 from jaxdl.algorithms.base import AlgorithmSpec, Batch, Problem, TrainState
 from jaxdl.algorithms.collectives import WorkerAxis
-from jaxdl.algorithms.shapes import (SHAPES, Centralized, Collective, Decentralized, Elastic,
-                                     Gossip, Shape)
+from jaxdl.algorithms.families import (FAMILIES, Centralized, Collective, Decentralized, Elastic,
+                                     Gossip, Family)
 from jaxdl.errors import ConfigError
 from jaxdl.registry import Registry
 from jaxdl.settings import SETTINGS, owners
@@ -44,10 +44,10 @@ for _spec in (ar_sgd.SGD, bsp.SPEC, ar_sgd.SPEC, local_sgd.SPEC, diloco.SPEC, as
   ALGORITHMS.add(_spec)
 
 
-def names_of(*shapes: type, server: bool = False) -> str:
-  """The registered algorithms of `shapes` (with `server`: those that keep a
+def names_of(*families: type, server: bool = False) -> str:
+  """The registered algorithms of `families` (with `server`: those that keep a
   parameter server), comma-separated, in registry order: for messages."""
-  return ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).shape in shapes
+  return ", ".join(n for n in ALGORITHMS if ALGORITHMS.get(n).family in families
                    and (ALGORITHMS.get(n).has_server or not server))
 
 
@@ -64,23 +64,23 @@ def check(spec: AlgorithmSpec, config) -> None:
   if not 0 < cfg.bn_decay <= 1:
     raise ConfigError("bn_decay", cfg.bn_decay, "a factor in (0, 1]")
   if cfg.async_bn:
-    async_bn.check(spec.shape, name)
-  asp.check_pull(spec.shape, name, cfg.compress_pull)
+    async_bn.check(spec.family, name)
+  asp.check_pull(spec.family, name, cfg.compress_pull)
   servers = config.cluster.servers
   if servers != 1 and not spec.has_server:
     raise ConfigError("servers", servers, f"1: {name} keeps no parameter server to shard "
-                      f"(these do: {names_of(*SHAPES, server=True)})")
-  if config.cluster.partition != "static" and spec.shape is not Collective:
+                      f"(these do: {names_of(*FAMILIES, server=True)})")
+  if config.cluster.partition != "static" and spec.family is not Collective:
     raise ConfigError("partition", config.cluster.partition, f"static for {name}: "
                       "proportional and adaptive split a synchronous step's global batch "
                       f"({names_of(Collective)})")
-  if cfg.sync_bn and spec.shape is not Collective:
+  if cfg.sync_bn and spec.family is not Collective:
     raise ConfigError("sync_bn", True, f"only with a collective algorithm ({names_of(Collective)}"
                       f"): {name}'s workers share no batch statistics")
 
 
 def build(spec: AlgorithmSpec, settings, problem: Problem, num_workers: int,
-          bn_decay: float | None = None) -> Shape:
+          bn_decay: float | None = None) -> Family:
   """The algorithm's functions for `problem` on `num_workers` workers; with a
   `bn_decay`, wrapped in Async-BN."""
   algorithm = spec.build(settings, problem, num_workers)
@@ -95,6 +95,6 @@ def settings_owners() -> dict[str, list[AlgorithmSpec]]:
   return {field: [ALGORITHMS.get(n) for n in names] for field, names in owners().items()}
 
 
-__all__ = ["ALGORITHMS", "SHAPES", "AlgorithmSpec", "Batch", "Centralized", "Collective",
-           "Decentralized", "Elastic", "Gossip", "Problem", "Shape", "TrainState",
+__all__ = ["ALGORITHMS", "FAMILIES", "AlgorithmSpec", "Batch", "Centralized", "Collective",
+           "Decentralized", "Elastic", "Gossip", "Problem", "Family", "TrainState",
            "WorkerAxis", "build", "check", "names_of", "settings_owners"]

@@ -60,7 +60,7 @@ import jax
 
 from jaxdl.algorithms import pairwise
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
-from jaxdl.algorithms.shapes import Decentralized
+from jaxdl.algorithms.families import Decentralized
 from jaxdl.settings import Settings, between, setting
 
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, mean_over_workers
-from jaxdl.algorithms.shapes import Collective
+from jaxdl.algorithms.families import Collective
 
 
 class Replica(NamedTuple):

@@ -43,7 +43,7 @@ import optax
 
 from jaxdl.algorithms import compression
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, server_evaluated
-from jaxdl.algorithms.shapes import Centralized
+from jaxdl.algorithms.families import Centralized
 from jaxdl.errors import ConfigError
 from jaxdl.optim import LR, MOMENTUM
 from jaxdl.settings import Settings, at_least, setting
@@ -182,11 +182,11 @@ def staleness_defaults(num_workers: int) -> dict:
           "momentum": max(0.0, MOMENTUM - (1.0 - 1.0 / num_workers))}
 
 
-def check_pull(shape: type, name: str, compress_pull: str) -> None:
+def check_pull(family: type, name: str, compress_pull: str) -> None:
   """A ConfigError naming --compress-pull unless it is none or algorithms of
-  `shape` (here `name`) keep a parameter server that workers pull from."""
+  `family` (here `name`) keep a parameter server that workers pull from."""
   if compression.parse_compress(compress_pull, "compress_pull").name != "none" and (
-      shape is not Centralized):
+      family is not Centralized):
     raise ConfigError("compress_pull", compress_pull, f"none for {name}: only a parameter "
                       "server's reply to a pull is compressed (asp, ssp, dc_asgd, lc_asgd)")
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl.algorithms.base import Problem
-from jaxdl.algorithms.shapes import Centralized, Elastic, exchange_parts
+from jaxdl.algorithms.families import Centralized, Elastic, exchange_parts
 from jaxdl.errors import ConfigError
 
 
@@ -31,13 +31,13 @@ def moving_average(stats, reported, decay: float):
   return jax.tree.map(lambda e, r: (1 - decay) * e + decay * r, stats, reported)
 
 
-# The shapes whose server keeps the statistics, and the handler that receives a report.
+# The families whose server keeps the statistics, and the handler that receives a report.
 RECEIVER = {Centralized: "apply", Elastic: "exchange"}
 
 
-def check(shape: type, name: str) -> None:
-  """A ConfigError unless algorithms of `shape` (here `name`) have a server."""
-  if shape not in RECEIVER:
+def check(family: type, name: str) -> None:
+  """A ConfigError unless algorithms of `family` (here `name`) have a server."""
+  if family not in RECEIVER:
     raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server "
                       f"(asp, ssp, easgd, dc_asgd, lc_asgd); {name} has none")
 

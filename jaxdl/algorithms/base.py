@@ -12,7 +12,7 @@ import optax
 
 from jaxdl.algorithms import compression
 from jaxdl.algorithms.collectives import WorkerAxis
-from jaxdl.algorithms.shapes import Centralized, Elastic
+from jaxdl.algorithms.families import Centralized, Elastic
 from jaxdl.errors import TaskError
 from jaxdl.models.layers import BatchStats
 from jaxdl.settings import Settings
@@ -289,8 +289,8 @@ def server_evaluated(server, workers):
 class AlgorithmSpec:
   """A registry entry: an algorithm's name, settings and factory.
 
-  `build(settings, problem, num_workers)` returns the algorithm's shape (a
-  `jaxdl.algorithms.shapes` record of pure functions closed over the
+  `build(settings, problem, num_workers)` returns the algorithm's family record (a
+  `jaxdl.algorithms.families` record of pure functions closed over the
   settings). `settings` is a `jaxdl.settings.Settings` dataclass: its fields
   become flat `jaxdl run` flags, `jaxdl list` rows and compare labels.
   `check(settings, config)` raises a ConfigError for settings of other
@@ -300,25 +300,25 @@ class AlgorithmSpec:
   jaxdl.optim.with_defaults: a recipe that names an optimizer holds only
   for it), with `optim_rule` saying how, for `jaxdl list` and the docs.
   `server` says whether it keeps a parameter server that --servers shards
-  (unset: a centralized or elastic shape does).
-  The engines that can run it are those that declare its shape.
+  (unset: a centralized or elastic family does).
+  The engines that can run it are those that declare its family.
 
   Attributes:
     name: the --algorithm name.
     doc: one line for `jaxdl list`.
-    shape: the record `build` returns (Collective, Centralized, ...).
-    build: ``(settings, problem, num_workers) -> shape``.
+    family: the record `build` returns (Collective, Centralized, ...).
+    build: ``(settings, problem, num_workers) -> family record``.
     settings: its Settings dataclass (each field a flag, with its range).
     max_workers: the most workers it runs (None: no limit).
     check: ``(settings, config) -> None``, raising a ConfigError.
     optim_defaults: ``num_workers -> {field: value}`` for the unset
       optimizer fields (None: jaxdl.optim's defaults).
     optim_rule: how `optim_defaults` chooses, in words.
-    server: whether --servers shards it (None: by its shape).
+    server: whether --servers shards it (None: by its family).
   """
   name: str
   doc: str
-  shape: type
+  family: type
   build: Callable[[Any, Problem, int], Any]
   settings: type = Settings
   max_workers: int | None = None
@@ -329,4 +329,4 @@ class AlgorithmSpec:
 
   @property
   def has_server(self) -> bool:
-    return self.server if self.server is not None else self.shape in (Centralized, Elastic)
+    return self.server if self.server is not None else self.family in (Centralized, Elastic)

@@ -31,7 +31,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, mean_over_workers
-from jaxdl.algorithms.shapes import Collective
+from jaxdl.algorithms.families import Collective
 from jaxdl.errors import ConfigError
 
 # Optimizers whose update of one coordinate reads only that coordinate.

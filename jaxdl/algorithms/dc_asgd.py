@@ -18,7 +18,7 @@ import optax
 from jaxdl.algorithms import asp
 from jaxdl.algorithms.base import AlgorithmSpec, Problem
 from jaxdl.algorithms.compensation import delay_compensation
-from jaxdl.algorithms.shapes import Centralized
+from jaxdl.algorithms.families import Centralized
 from jaxdl.settings import Settings, at_least, between, setting
 
 

@@ -56,7 +56,7 @@ from jax import lax
 
 from jaxdl.algorithms import ar_sgd
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
-from jaxdl.algorithms.shapes import Collective
+from jaxdl.algorithms.families import Collective
 from jaxdl.settings import Settings, above, at_least, between, one_of, setting
 
 # (outer lr, outer momentum) -> the outer optimizer, which descends on Delta.

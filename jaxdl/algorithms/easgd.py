@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, server_evaluated
-from jaxdl.algorithms.shapes import Elastic
+from jaxdl.algorithms.families import Elastic
 from jaxdl.settings import Settings, at_least, between, setting
 
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jaxdl.algorithms import pairwise
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, TrainState, mean_over_workers
 from jaxdl.algorithms.easgd import local as _local
-from jaxdl.algorithms.shapes import Gossip
+from jaxdl.algorithms.families import Gossip
 from jaxdl.settings import Settings, between, setting
 
 

@@ -38,7 +38,7 @@ from jaxdl.algorithms import asp
 from jaxdl.algorithms.base import AlgorithmSpec, Problem
 from jaxdl.algorithms.compensation import loss_compensation
 from jaxdl.algorithms.predictors import LossPredictor, StepPredictor
-from jaxdl.algorithms.shapes import Centralized
+from jaxdl.algorithms.families import Centralized
 from jaxdl.settings import Settings, at_least, setting
 
 

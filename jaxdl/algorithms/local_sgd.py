@@ -33,7 +33,7 @@ from jax import lax
 
 from jaxdl.algorithms import ar_sgd
 from jaxdl.algorithms.base import AlgorithmSpec, Problem, mean_over_workers
-from jaxdl.algorithms.shapes import Collective
+from jaxdl.algorithms.families import Collective
 from jaxdl.settings import Settings, at_least, setting
 
 

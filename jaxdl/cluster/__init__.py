@@ -1,5 +1,5 @@
 """The modelled cluster: device profiles, links and a cost model, and the
-discrete-event schedules of each algorithm shape on it (events: jaxdl.trace)."""
+discrete-event schedules of each algorithm family on it (events: jaxdl.trace)."""
 from __future__ import annotations
 
 from jaxdl.cluster.async_schedules import centralized, decentralized, elastic, gossip

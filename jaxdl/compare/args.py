@@ -174,7 +174,7 @@ def _on_real_devices(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -
   # (the real engines emulate the compute times of an emulated grid, or of
   # a grid of synchronous algorithms; those given here are kept in any case)
   emulated = EMULATED if not ENGINES.get(engine).simulated and (grid.emulated or all(
-      ALGORITHMS.get(v.algorithm).shape is Collective for v in grid.variants)) else ()
+      ALGORITHMS.get(v.algorithm).family is Collective for v in grid.variants)) else ()
   return grid.replace(run=tuple((k, v) for k, v in grid.run
                                 if k not in MODELLED or k in run_flags or k in emulated))
 

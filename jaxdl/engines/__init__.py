@@ -1,8 +1,8 @@
 """Engines decide when and where an algorithm's pure functions run.
 
 Each engine implements `jaxdl.engines.base.Engine` and declares the
-algorithm shapes it runs; registering it here is the only other line it
-needs. An algorithm runs on every engine that declares its shape, the first
+algorithm families it runs; registering it here is the only other line it
+needs. An algorithm runs on every engine that declares its family, the first
 registered being its default.
 """
 from __future__ import annotations
@@ -25,16 +25,16 @@ ENGINES.register("ray", "real processes: a Ray actor per worker (and a server ac
                  "on this machine or a cluster (--ray-address)")(RayEngine)
 
 
-def engines_for(shape: type) -> list[str]:
-  """The engines that run algorithms of `shape`, the default first."""
-  return [name for name in ENGINES if shape in ENGINES.get(name).shapes]
+def engines_for(family: type) -> list[str]:
+  """The engines that run algorithms of `family`, the default first."""
+  return [name for name in ENGINES if family in ENGINES.get(name).families]
 
 
 def choose(spec: AlgorithmSpec, config: RunConfig) -> str:
   """The engine that runs the algorithm `spec` (--engine, checked; auto: the
-  first registered that runs its shape, or a simulated one for a dry run
+  first registered that runs its family, or a simulated one for a dry run
   or a split of the global batch that changes)."""
-  engines = engines_for(spec.shape)
+  engines = engines_for(spec.family)
   wanted = config.algorithm.engine
   simulating = config.output.dry_run or config.cluster.partition != "static"
   simulated = [n for n in engines if ENGINES.get(n).simulated]

@@ -2,7 +2,7 @@
 
 An engine decides when and where an algorithm's pure functions run. The
 runner knows engines only through `Engine`; an engine class declares the
-algorithm shapes it runs (`shapes`) and is registered once in
+algorithm families it runs (`families`) and is registered once in
 `jaxdl.engines`.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxdl import cluster
-from jaxdl.algorithms import AlgorithmSpec, Collective, Problem, Shape
+from jaxdl.algorithms import AlgorithmSpec, Collective, Problem, Family
 from jaxdl.algorithms.ar_sgd import allreduce_bytes
 from jaxdl.algorithms.base import models_given
-from jaxdl.algorithms.shapes import has_server
+from jaxdl.algorithms.families import has_server
 from jaxdl.config import ClusterConfig, RunConfig
 from jaxdl.data import Streams
 from jaxdl.errors import ConfigError
@@ -34,14 +34,14 @@ class Engine(Protocol):
   """What the runner calls.
 
   Constructed as ``Engine(algorithm, problem, streams, config, total_steps)``:
-  the algorithm's built shape, the model and update rule, every worker's data
+  the algorithm's built family record, the model and update rule, every worker's data
   stream, the run's config and the number of training steps. A step is one
   global batch of samples (jaxdl.trace): one round of all workers for a
   collective algorithm; for an asynchronous one, the updates of whichever
   workers process that many.
 
   Args (of the constructor):
-    algorithm: the shape record of pure functions to run (jaxdl.algorithms.shapes).
+    algorithm: the family record of pure functions to run (jaxdl.algorithms.families).
     problem: the task and the optax rule (jaxdl.algorithms.Problem).
     streams: every worker's batches (jaxdl.data.Streams).
     config: the run's validated RunConfig, of which it reads the fields it
@@ -55,8 +55,8 @@ class Engine(Protocol):
   decided when it is sent and delivered as sent.
   """
   name: ClassVar[str]
-  shapes: ClassVar[tuple[type, ...]]
-  """The algorithm shapes (jaxdl.algorithms.shapes) this engine runs."""
+  families: ClassVar[tuple[type, ...]]
+  """The algorithm families (jaxdl.algorithms.families) this engine runs."""
   deterministic: ClassVar[bool]
   """Whether two runs of one config give the same bits (a real engine's
   order of events is the machine's: its trace replays on the sim)."""
@@ -141,7 +141,7 @@ def check_reduce(config: RunConfig, spec: AlgorithmSpec, own_programs: bool) -> 
   """--reduce device: only where each worker runs its own program
   (`own_programs`: the engine can, `split_workers`: the config asks it)."""
   if config.distributed.reduce != "host" and not (
-      own_programs and spec.shape is Collective and split_workers(config)):
+      own_programs and spec.family is Collective and split_workers(config)):
     raise ConfigError("reduce", config.distributed.reduce, "host, unless each worker runs "
                       "its own program: a synchronous algorithm on an engine of real devices "
                       "with --partition proportional or adaptive, --compute-time or "
@@ -265,7 +265,7 @@ def init_workers(init, key: jax.Array, num_workers: int):
   return jax.vmap(lambda w: init(key, w))(jnp.arange(num_workers))
 
 
-def figures(name: str, algorithm: Shape, problem: Problem, streams: Streams, *,
+def figures(name: str, algorithm: Family, problem: Problem, streams: Streams, *,
             devices: int, workers_per_device: int, processes: int = 1) -> dict[str, Any]:
   """The summary figures every engine reports."""
   return {"engine": name, "devices": devices, "workers_per_device": workers_per_device,
@@ -319,7 +319,7 @@ def collective_bytes(algorithm: Collective, problem: Problem, num_workers: int,
   return sum((g + 1) % period == 0 for g in steps) * allreduce_bytes(problem, num_workers)
 
 
-def algorithm_report(algorithm: Shape, server: Any) -> dict[str, float]:
+def algorithm_report(algorithm: Family, server: Any) -> dict[str, float]:
   """The algorithm's figures from its server state, as floats."""
   if not has_server(algorithm):
     return {}

@@ -2,7 +2,7 @@
 
 A real engine (ray) runs an algorithm's event functions where they happen:
 a worker computes its gradient in its own process, the server applies each
-push in its own. `EventPrograms` jits each of the shape's functions for one
+push in its own. `EventPrograms` jits each of the family's functions for one
 worker's state, so every process runs the same compiled programs. The sim
 engine's "events" batching runs those same programs along a recorded trace,
 event by event: that is how a real run replays bit for bit (the sim's other
@@ -17,15 +17,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip, Shape)
-from jaxdl.algorithms.shapes import average_parts, exchange_parts, has_server
+from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip, Family)
+from jaxdl.algorithms.families import average_parts, exchange_parts, has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.shards import Partition, sharded
 
 
-def event_functions(algorithm: Shape) -> dict[str, Callable]:
-  """The shape's functions under the engines' op names, in one signature each:
+def event_functions(algorithm: Family) -> dict[str, Callable]:
+  """The family's functions under the engines' op names, in one signature each:
   pull/apply (server, worker, seconds), compute/local (worker, batch),
   exchange (server, worker), pair (worker, peer), send (worker, peer) ->
   (worker, message), receive (worker, message)."""
@@ -42,7 +42,7 @@ def event_functions(algorithm: Shape) -> dict[str, Callable]:
             **dict(zip(("meet", "take"), exchange_parts(algorithm)))}
   if isinstance(algorithm, Gossip):
     return {"local": algorithm.local, "send": algorithm.send, "receive": algorithm.receive}
-  raise TypeError(f"not an event shape: {type(algorithm).__name__}")
+  raise TypeError(f"not an event family: {type(algorithm).__name__}")
 
 
 def one_batch(streams: Streams, worker: int, iteration: int) -> Batch:
@@ -52,7 +52,7 @@ def one_batch(streams: Streams, worker: int, iteration: int) -> Batch:
   return Batch({k: v[0] for k, v in fields.items()}, weights[0], ids[0])
 
 
-def initial_state(algorithm: Shape, key: jax.Array, num_workers: int):
+def initial_state(algorithm: Family, key: jax.Array, num_workers: int):
   """(server state, workers stacked over workers) at step 0, compiled as the
   sim engine compiles it (the same bits)."""
   def init_all(key):
@@ -75,7 +75,7 @@ def stack(states: Sequence):
   return jax.tree.map(lambda *x: jnp.stack(x), *states)
 
 
-def state_shapes(algorithm: Shape):
+def state_shapes(algorithm: Family):
   """The shapes of (a server's state, one worker's state)."""
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   return (jax.eval_shape(algorithm.init_server, key) if has_server(algorithm) else (),
@@ -104,7 +104,7 @@ class MessageParts(NamedTuple):
   private: tuple[int, ...]
 
 
-def check_servers(algorithm: Shape, servers: int) -> None:
+def check_servers(algorithm: Family, servers: int) -> None:
   """--servers k for a parameter server, refused (a ConfigError) where its
   handlers do not split its leaves into k shards (Partition.of): asked by
   every engine that runs one, sim and ray, before it runs."""
@@ -113,7 +113,7 @@ def check_servers(algorithm: Shape, servers: int) -> None:
 
 
 class EventPrograms:
-  """The shape's event functions, each jitted for one worker's state, and a
+  """The family's event functions, each jitted for one worker's state, and a
   worker's metric shares turned into its batch's means.
 
   `servers` > 1: a parameter server split into that many shards
@@ -121,7 +121,7 @@ class EventPrograms:
   shard's program on its own leaves (`shards`, split by `partition`), as
   the shards' processes run them."""
 
-  def __init__(self, algorithm: Shape, streams: Streams, servers: int = 1):
+  def __init__(self, algorithm: Family, streams: Streams, servers: int = 1):
     self.algorithm, self.streams = algorithm, streams
     self.shares = streams.weights().sum(axis=1)  # b_m / B per worker
     self.fns = {name: jax.jit(fn) for name, fn in event_functions(algorithm).items()}
@@ -227,7 +227,7 @@ class EventReplay:
   state): `slots`, each event's slot (jaxdl.engines.sim.plan.message_slots).
   """
 
-  def __init__(self, algorithm: Shape, streams: Streams, servers: int = 1):
+  def __init__(self, algorithm: Family, streams: Streams, servers: int = 1):
     if not isinstance(algorithm, (Centralized, Elastic, Gossip, Decentralized)):
       raise TypeError(f"no event replay for {type(algorithm).__name__}")
     self.programs = EventPrograms(algorithm, streams, servers)

@@ -78,7 +78,7 @@ class MeshState(NamedTuple):
 class MeshEngine(base.LocalProcess):
   """Runs a collective algorithm's step for all workers as one SPMD program."""
   name = "mesh"
-  shapes = (Collective,)
+  families = (Collective,)
   own_fields = {
       "worker_devices": "it places each synchronous worker on a device of this process",
       "parallelism": "a worker's model over several devices: its stages or its layers' splits",

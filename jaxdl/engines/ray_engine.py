@@ -36,8 +36,8 @@ import numpy as np
 
 from jaxdl import trace
 from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, Gossip, Problem,
-                              Shape, names_of)
-from jaxdl.algorithms.shapes import has_server
+                              Family, names_of)
+from jaxdl.algorithms.families import has_server
 from jaxdl.cadence import Cadence
 from jaxdl.data import Streams
 from jaxdl.engines import base, ray_cluster
@@ -132,7 +132,7 @@ class _RayRun(base.LocalProcess):
   actors, the actors (`server`, `workers`) and their end."""
   name = "ray"
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams, config):
+  def __init__(self, algorithm: Family, problem: Problem, streams: Streams, config):
     import ray
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
@@ -170,7 +170,7 @@ class RayEngine(_RayRun):
   coordinator of workers that keep their own models (EASGD's center is at
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
   worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
-  shapes = (Collective, Centralized, Elastic, Gossip, Decentralized)
+  families = (Collective, Centralized, Elastic, Gossip, Decentralized)
   deterministic = False
   own_fields = {
       "ray_address": "the Ray cluster its processes run on",
@@ -181,21 +181,21 @@ class RayEngine(_RayRun):
   @classmethod
   def check(cls, config, spec) -> None:
     servers = config.cluster.servers
-    if servers != 1 and spec.shape is not Centralized:
+    if servers != 1 and spec.family is not Centralized:
       raise ConfigError("servers", servers, f"1 with --engine {cls.name} for {spec.name}, "
                         "whose center is one actor (a parameter server's splits: "
                         f"{names_of(Centralized)})")
     base.check_emulation(cls, config)
     base.check_reduce(config, spec, own_programs=True)
 
-  def __new__(cls, algorithm: Shape, problem: Problem, streams: Streams, config, *args,
+  def __new__(cls, algorithm: Family, problem: Problem, streams: Streams, config, *args,
               **kwargs):
     if isinstance(algorithm, Collective):
       run = RaySplit if base.split_workers(config) else RayCollective
       return run(algorithm, problem, streams, config, *args, **kwargs)
     return super().__new__(cls)
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+  def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
                config, total_steps: int):
     k = config.cluster.servers
     check_servers(algorithm, k)  # before Ray starts
@@ -378,9 +378,9 @@ class RayCollective(_RayRun):
   (A process slower inside the program holds the others at its collectives
   unseen: timing a worker's compute apart from them takes a program of its
   own, `RaySplit`.)"""
-  shapes = (Collective,)
+  families = (Collective,)
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+  def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
                config, total_steps: int):
     super().__init__(algorithm, problem, streams, config)
     ray, m = self._ray, self.num_workers
@@ -444,7 +444,7 @@ class RaySplit(SplitRun, _RayRun):
   `Exchange` actor that sums in host memory or on a device (--reduce; on a
   GPU when the cluster has one)."""
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+  def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
                config, total_steps: int):
     super().__init__(algorithm, problem, streams, config)
     ray, m = self._ray, self.num_workers

@@ -189,7 +189,7 @@ class SplitRun:
   sets `algorithm`, `problem`, `streams`, `num_workers`, `name` and calls
   `_begin_split`, and gives `_all(method, *args)` (every worker's reply, in
   worker order) and `_reduce_seconds()`."""
-  shapes = (Collective,)
+  families = (Collective,)
 
   def _begin_split(self, config, total_steps: int, reduce: str) -> None:
     self.reduce, self.total_steps = reduce, total_steps

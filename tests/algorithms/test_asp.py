@@ -34,7 +34,7 @@ def _round_robin(workers, iterations):
 
 
 # With the slow cases: by default one worker under a zero-delay schedule is
-# checked against the optax loop in tests/algorithms/test_shapes.py.
+# checked against the optax loop in tests/algorithms/test_families.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 3])
 def test_asp_under_a_zero_delay_schedule_is_sequential_sgd(tmp_path, workers):

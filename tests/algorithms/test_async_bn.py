@@ -13,7 +13,7 @@ from jaxdl.algorithms.asp import WorkerState
 from jaxdl.config import RunConfig
 from jaxdl.errors import ConfigError
 from jaxdl.algorithms import async_bn, lc_asgd
-from jaxdl.algorithms.shapes import Collective
+from jaxdl.algorithms.families import Collective
 from jaxdl.models import build_model
 from jaxdl.task import classification
 from jaxdl.models.layers import BatchNorm, BatchStats

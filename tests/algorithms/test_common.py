@@ -1,8 +1,8 @@
-"""The common test: every registered algorithm, on every engine that runs its shape.
+"""The common test: every registered algorithm, on every engine that runs its family.
 
 Adding an algorithm to the registry adds it here: it must learn, keep its
 state's structure, be bitwise deterministic under a fixed key, and compile its
-step once. (tests/algorithms/test_shapes.py checks each shape's invariants.)
+step once. (tests/algorithms/test_families.py checks each family's invariants.)
 """
 import chex
 import jax
@@ -67,7 +67,7 @@ def _check(name, engine, config, first):
     chex.assert_trees_all_equal(jax.device_get(state), jax.device_get(again))
 
   # no recompilation: each jitted function compiled at most once (some serve
-  # only schedules of other shapes)
+  # only schedules of other families)
   for jitted in first.jitted_functions():
     assert jitted._cache_size() <= 1, jitted
 

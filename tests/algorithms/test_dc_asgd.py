@@ -36,7 +36,7 @@ def test_one_dc_asgd_server_update_by_hand():
 
 
 # Five runs, with the slow cases: by default the update is checked by hand
-# above, and one worker against the optax loop in test_shapes.py.
+# above, and one worker against the optax loop in test_families.py.
 @pytest.mark.slow
 def test_zero_lambda_or_one_worker_is_asp(tmp_path):
   asp = jaxdl.run(RunConfig.make(algorithm="asp", out=str(tmp_path / "asp"), **RUN))

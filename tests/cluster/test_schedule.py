@@ -13,7 +13,7 @@ from jaxdl.cluster import (Budget, CostModel, Schedule, centralized, decentraliz
 from jaxdl.errors import ConfigError
 from jaxdl.trace import KINDS, summarize
 
-SHAPES = {
+FAMILIES = {
     "asp": lambda c, n: centralized(c, n),
     "ssp": lambda c, n: centralized(c, n, staleness_bound=2),
     "easgd": lambda c, n: elastic(c, n, period=4),
@@ -32,12 +32,12 @@ def _cost(num_workers=4, **kwargs) -> CostModel:
   return CostModel(num_workers, **{**fields, **kwargs})
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_same_seed_same_schedule_other_seed_another(shape):
-  events = SHAPES[shape](_cost(), 40)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_seed_same_schedule_other_seed_another(family):
+  events = FAMILIES[family](_cost(), 40)
   assert isinstance(events, Schedule) and events
-  assert events == SHAPES[shape](_cost(), 40)
-  assert events != SHAPES[shape](_cost(seed=1), 40)
+  assert events == FAMILIES[family](_cost(), 40)
+  assert events != FAMILIES[family](_cost(seed=1), 40)
   assert all(e.kind in KINDS for e in events)
   times = [e.time for e in events]
   assert times == sorted(times)
@@ -86,13 +86,13 @@ ASYNC = {
 }
 
 
-@pytest.mark.parametrize("shape", ASYNC)
-def test_every_worker_works_until_the_budget_is_spent(shape):
+@pytest.mark.parametrize("family", ASYNC)
+def test_every_worker_works_until_the_budget_is_spent(family):
   # One worker 4x slower than three others, compute only: the fast ones make
   # about 4x its updates, and none stops before the end.
   speeds = (1.0, 1.0, 1.0, 0.25)
   cost = CostModel(4, compute_s=0.1, model_bytes=0.0, latency=0.0, speeds=speeds)
-  events = ASYNC[shape](cost, 260)
+  events = ASYNC[family](cost, 260)
   counts = _updates(events, 4)
   for fast in counts[:3]:
     assert fast / counts[3] == pytest.approx(4.0, abs=0.5)

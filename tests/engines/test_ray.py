@@ -696,7 +696,7 @@ def _regression_task() -> jaxdl.Task:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["asp", "bsp", "easgd", "gosgd", "ad_psgd"])
 def test_a_scripts_own_task_runs_on_ray_and_replays(ray_instance, tmp_path, name):
-  """One algorithm of each shape trains a script's own task on ray, and its
+  """One algorithm of each family trains a script's own task on ray, and its
   run is the sim's replay of its trace (a collective one: the mesh's run)."""
   # 60 steps: in 30, EASGD's loss fell to 0.19-0.33 of its first in the
   # orders a jittered simulator gives (0.40 once on ray); in 60, to 0.03

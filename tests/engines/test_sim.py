@@ -181,11 +181,11 @@ def test_fused_steps_and_gathered_gradients_give_the_bits_of_one_call_per_segmen
     if not gather:  # every batched op over all M workers, masked
       monkeypatch.setattr(plan, "batch_size", lambda count, m: m)
     engine = make_engine(config, total_steps=6)
-    shapes = plan.plan_sizes(engine.events, engine.step_ends[:6], 8, False,
-                             engine.slots).shapes
-    engine.runner.fused = frozenset(shapes) if fuse else frozenset()
+    signatures = plan.plan_sizes(engine.events, engine.step_ends[:6], 8, False,
+                             engine.slots).signatures
+    engine.runner.fused = frozenset(signatures) if fuse else frozenset()
     if fuse and gather and name == "gosgd":  # its local steps: a few workers at a time
-      assert any(size and size < 8 for s in shapes for _, size in s)
+      assert any(size and size < 8 for s in signatures for _, size in s)
     runs.append(train(engine, 6))
   for state, history in runs[1:]:
     assert history == runs[0][1]

@@ -27,9 +27,9 @@ import numpy as np
 from jax._src import xla_bridge
 
 from jaxdl import cluster, trace
-from jaxdl.algorithms import (SHAPES, Centralized, Collective, Decentralized, Elastic, Gossip,
-                              Problem, Shape)
-from jaxdl.algorithms.shapes import has_server
+from jaxdl.algorithms import (FAMILIES, Centralized, Collective, Decentralized, Elastic, Gossip,
+                              Problem, Family)
+from jaxdl.algorithms.families import has_server
 from jaxdl.data import SlicedStreams, Streams
 from jaxdl.engines import base
 from jaxdl.engines.events import EventReplay, check_servers, initial_state
@@ -81,7 +81,7 @@ def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
       profile=profile, network=c.network, latency=c.latency, **common)
 
 
-def message_bytes(algorithm: Shape, problem: Problem, events) -> float:
+def message_bytes(algorithm: Family, problem: Problem, events) -> float:
   """The bytes the cost model counts for the messages that `events` (a
   trace's) record: a parameter server's pulls and pushes, an exchange's
   center and elastic difference, gossip messages, both halves of each
@@ -111,9 +111,9 @@ def measured_costs(config, mean_batch: float) -> dict[str, float]:
               latency=p.latency, server_s=p.server_time, order_s=p.order_time)
 
 
-def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
+def make_schedule(algorithm: Family, cost: cluster.CostModel, total_steps: int,
                   batch_sizes, partitioner=None) -> cluster.Schedule:
-  """The cluster's schedule of `total_steps` steps for the algorithm's shape
+  """The cluster's schedule of `total_steps` steps for the algorithm's family
   and declared policy: synchronous steps (their global batch split anew by
   `partitioner`, if any), or an asynchronous run's budget of `total_steps`
   global batches of samples (jaxdl.trace: what a step is)."""
@@ -132,7 +132,7 @@ def make_schedule(algorithm: Shape, cost: cluster.CostModel, total_steps: int,
   raise TypeError(f"no schedule for {type(algorithm).__name__}")
 
 
-# The event kinds that can drive each shape's math (jaxdl.trace).
+# The event kinds that can drive each family's math (jaxdl.trace).
 REPLAY_KINDS = ((Collective, ("step", "wait", "partition")),
                 (Centralized, ("pull", "apply", "wait", "restart")),
                 (Elastic, ("local", "exchange", "wait", "restart")),
@@ -140,9 +140,9 @@ REPLAY_KINDS = ((Collective, ("step", "wait", "partition")),
                 (Decentralized, ("pull", "average", "apply", "wait", "restart")))
 
 
-def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Event]:
+def read_replay(path: str, algorithm: Family, num_workers: int) -> list[trace.Event]:
   """The events of a recorded trace.jsonl, checked against the algorithm's
-  shape and the worker count; a ConfigError on "replay" names what is wrong."""
+  family and the worker count; a ConfigError on "replay" names what is wrong."""
   try:
     events = list(trace.read_trace(path))
   except (OSError, UnicodeDecodeError) as e:
@@ -150,11 +150,11 @@ def read_replay(path: str, algorithm: Shape, num_workers: int) -> list[trace.Eve
   except ValueError as e:
     raise ConfigError("replay", path,
                       f"a trace.jsonl of events, one JSON object a line ({e})") from None
-  allowed = next(kinds for shape, kinds in REPLAY_KINDS if isinstance(algorithm, shape))
+  allowed = next(kinds for family, kinds in REPLAY_KINDS if isinstance(algorithm, family))
   wrong = sorted({e.kind for e in events} - set(allowed))
   if wrong:
-    shape = type(algorithm).__name__.lower()
-    raise ConfigError("replay", path, f"a trace of {shape} events ({', '.join(allowed)}) "
+    family = type(algorithm).__name__.lower()
+    raise ConfigError("replay", path, f"a trace of {family} events ({', '.join(allowed)}) "
                       f"for this algorithm, not one with {', '.join(wrong)} events")
   named = {w for e in events for w in (e.worker, e.peer) if w != -1}
   outside = sorted(w for w in named if not 0 <= w < num_workers)
@@ -221,7 +221,7 @@ class SimEngine(base.LocalProcess):
   """Runs any algorithm along a simulated schedule; a step is a global batch of
   samples (jaxdl.trace)."""
   name = "sim"
-  shapes = SHAPES
+  families = FAMILIES
   simulated = True
   own_fields = {field: "a setting of the simulated cluster, which a run on real devices does "
                 "not have" for field in cluster.MODELLED if field not in cluster.EMULATED}
@@ -231,13 +231,13 @@ class SimEngine(base.LocalProcess):
   def check(cls, config, spec) -> None:
     base.check_reduce(config, spec, own_programs=False)
 
-  def __init__(self, algorithm: Shape, problem: Problem, streams: Streams,
+  def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
                config, total_steps: int, batching: str = "auto",
                fused_steps: int = FUSED_STEPS, chunk_rows: int = CHUNK_ROWS):
     """`batching`: "vmap", "loop", "scan", "events" or "auto" (runner.choose_batching;
     "events" when replaying the trace of a real engine's run, whose processes
     ran `jaxdl.engines.events.EventPrograms`). `fused_steps`: the fewest steps
-    of one shape that run as one program (runner.fusable; the same bits).
+    of one signature that run as one program (runner.fusable; the same bits).
     `chunk_rows`: the most workers' gradients a batched op computes at once
     (handlers.CHUNK_ROWS; the bits of one op of them all, for the mlp)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
@@ -298,7 +298,7 @@ class SimEngine(base.LocalProcess):
     batches = DeviceBatches(streams, sizes.batch_ops)
     self.runner = OpRunner(handlers(algorithm, self.num_workers, sum(streams.batch_sizes),
                                     batches.pad, chunk_rows), batching, sizes.longest, batches,
-                           self.metric_names, fusable(sizes.shapes, fused_steps=fused_steps))
+                           self.metric_names, fusable(sizes.signatures, fused_steps=fused_steps))
 
   def _repartition(self, config, streams: Streams) -> None:
     """Gives the streams the partitions the events record (--partition

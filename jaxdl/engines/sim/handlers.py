@@ -6,7 +6,7 @@ slots), `workers` stacked over workers, `sums` the (metric sums, count) of the
 step's metrics so far (each computing worker's own means, summed), `op` one
 row of the step's op arrays (a cheap op: its worker, peer, durations, slot)
 or, for a kind that computes batches (`plan.BATCH_KINDS`), its `BatchArrays`, and
-`data` the device batches. The shapes' functions are adapted to that one
+`data` the device batches. The families' functions are adapted to that one
 signature here; no algorithm's math is written in the engine.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxdl.algorithms import Batch, Collective, Shape, WorkerAxis
+from jaxdl.algorithms import Batch, Collective, Family, WorkerAxis
 from jaxdl.engines.events import event_functions
 
 
@@ -141,7 +141,7 @@ of at most 64 workers: the same programs, the same bits), and one whose
 rows round as the whole op's for the mlp."""
 
 
-def handlers(algorithm: Shape, num_workers: int, global_batch: int,
+def handlers(algorithm: Family, num_workers: int, global_batch: int,
              pad: int, chunk_rows: int = CHUNK_ROWS) -> dict[str, Callable]:
   """Each op kind's handler (see the module's docstring). An example's
   weight is 1/B (`global_batch`), a padding row's (index `pad`) 0: batches

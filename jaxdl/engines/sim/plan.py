@@ -76,7 +76,7 @@ def computing(op: Op) -> int:
   return len(op.workers) if op.mask is None else int(op.mask.sum())
 
 
-def shape(segments: Sequence[Segment]) -> tuple:
+def signature(segments: Sequence[Segment]) -> tuple:
   """What a program that runs these segments is specialized on."""
   return tuple((s.kind, s.size) for s in segments)
 
@@ -189,7 +189,7 @@ def plan(events: Sequence, start: int, end: int, iteration: np.ndarray,
 class Sizes(NamedTuple):
   longest: int     # the most ops in a step
   batch_ops: int   # the most batched ops in a step
-  shapes: Counter  # how many steps have each shape of segments
+  signatures: Counter  # how many steps have each signature (segments' kinds and sizes)
 
 
 def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
@@ -198,10 +198,10 @@ def plan_sizes(events: Sequence, step_ends: Sequence[int], num_workers: int,
   each program compiles once."""
   iteration, computed = np.full(num_workers, -1), np.zeros(num_workers, bool)
   longest = batch_ops = 1
-  shapes = Counter()
+  signatures = Counter()
   for start, end in zip([0] + [e + 1 for e in step_ends], step_ends):
     ops = plan(events, start, end, iteration, computed, one_at_a_time, slots)
     longest = max(longest, len(ops))
     batch_ops = max(batch_ops, sum(op.steps is not None for op in ops))
-    shapes[shape(segments(ops, num_workers))] += 1
-  return Sizes(longest, batch_ops, shapes)
+    signatures[signature(segments(ops, num_workers))] += 1
+  return Sizes(longest, batch_ops, signatures)

@@ -15,11 +15,11 @@
 
 With "vmap" and "loop", a step is segments (`plan.segments`): a run of
 consecutive ops of one cheap kind (a parameter server's pushes and pulls) is
-a loop over the run, a batched op is one segment. A step whose shape (its
+a loop over the run, a batched op is one segment. A step whose signature (its
 segments' kinds and batch sizes) is short and common in the run's schedule
-(`fusable`) is one call, a program specialized on that shape, with the ops'
+(`fusable`) is one call, a program specialized on that signature, with the ops'
 workers, durations and the runs' bounds as data: a parameter server's steps
-take a handful of shapes. Other steps (gossip with many workers) call their
+take a handful of signatures. Other steps (gossip with many workers) call their
 segments one by one. Which steps fuse is decided from the whole schedule,
 before the run, so a run, its resume and its replay run the same programs.
 """
@@ -36,14 +36,14 @@ from jax import lax
 from jaxdl.algorithms import Batch, Problem, WorkerAxis
 from jaxdl.engines.sim.batches import DeviceBatches
 from jaxdl.engines.sim.handlers import BatchArrays
-from jaxdl.engines.sim.plan import BATCH_KINDS, Op, segments, shape
+from jaxdl.engines.sim.plan import BATCH_KINDS, Op, segments, signature
 
 FUSED_SEGMENTS = 8  # a step of at most this many segments may run as one call
-FUSED_STEPS = 5000  # ... if at least this many of the run's steps have its shape
+FUSED_STEPS = 5000  # ... if at least this many of the run's steps have its signature
 """A fused program pays for itself only over many steps: on the CPU an mlp
 step's program took 1-1.5 s to compile and saved about 0.2 ms a step against
 a call per segment (8 asp workers; BENCHMARKS.md), even after 6,000 steps.
-Short runs (tests, the default comparison) fuse nothing: fusing shapes seen
+Short runs (tests, the default comparison) fuse nothing: fusing signatures seen
 in 4 steps made 5-epoch runs of 8 workers 1.5-3 x slower in CPU time."""
 
 
@@ -107,7 +107,7 @@ class OpRunner:
   def __init__(self, fns: dict[str, Callable], batching: str, length: int,
                batches: DeviceBatches, metrics: tuple[str, ...] = ("loss",),
                fused: frozenset = frozenset()):
-    """`fused`: the shapes of steps to run as one call (`fusable`)."""
+    """`fused`: the signatures of steps to run as one call (`fusable`)."""
     self.names, self.batching, self.length, self.batches = list(fns), batching, length, batches
     self.metrics, self.fns, self.fused = metrics, fns, fused
     self.num_workers = batches.num_workers
@@ -165,7 +165,7 @@ class OpRunner:
     tables = [self.table(ops[p.start], p.size) for p in parts if p.kind in BATCH_KINDS]
     arrays = self.encode(ops, self.length)
     data = self.batches.step_data()
-    key = shape(parts)
+    key = signature(parts)
     if key in self.fused:
       bounds = np.array([(p.start, p.start + p.count) for p in parts],
                         np.int32).reshape(-1, 2)
@@ -187,14 +187,14 @@ class OpRunner:
         server, workers, sums = program(server, workers, sums, next(tables), data)
     return server, workers, self._means(sums)
 
-  def _fused(self, shape):
-    """A step of segments `shape` in one program (see the module's docstring)."""
+  def _fused(self, signature):
+    """A step of signature `signature` in one program (see the module's docstring)."""
     fns = self.fns
     metrics = self.metrics
 
     def run(server, workers, arrays, bounds, tables, data):
       carry, tables = (server, workers, _zero_sums(metrics)), iter(tables)
-      for s, (kind, size) in enumerate(shape):
+      for s, (kind, size) in enumerate(signature):
         if size == 0:
           carry = fns[kind](*carry, jax.tree.map(lambda x: x[bounds[s, 0]], arrays), data)
         elif size is None:
@@ -217,12 +217,12 @@ class OpRunner:
                                self.batches.step_data())
 
 
-def fusable(shapes, fused_segments: int = FUSED_SEGMENTS,
+def fusable(signatures, fused_segments: int = FUSED_SEGMENTS,
             fused_steps: int = FUSED_STEPS) -> frozenset:
-  """The step shapes worth a program of their own: at most `fused_segments`
-  segments, and at least `fused_steps` steps of the schedule (`shapes`: a
+  """The step signatures worth a program of their own: at most `fused_segments`
+  segments, and at least `fused_steps` steps of the schedule (`signatures`: a
   Counter, plan.plan_sizes) to repay its compile."""
-  return frozenset(s for s, n in shapes.items() if len(s) <= fused_segments and n >= fused_steps)
+  return frozenset(s for s, n in signatures.items() if len(s) <= fused_segments and n >= fused_steps)
 
 
 def _with_batch(fn, name: str):

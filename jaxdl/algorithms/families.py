@@ -1,4 +1,4 @@
-"""The shapes of distributed algorithms: small typed records of pure functions.
+"""The families of distributed algorithms: small typed records of pure functions.
 
 An algorithm module's factory, ``build(settings, problem, num_workers)``,
 returns one of these, its functions closed over the algorithm's settings (as
@@ -277,12 +277,12 @@ def average_parts(algorithm: Decentralized) -> tuple[SendFn, ReceiveFn, ReceiveF
   return lambda worker, peer: (worker, worker), answer, lambda worker, reply: reply
 
 
-Shape = Union[Collective, Centralized, Elastic, Gossip, Decentralized]
-SHAPES = (Collective, Centralized, Elastic, Gossip, Decentralized)
-EVENT_SHAPES = (Centralized, Elastic, Gossip, Decentralized)
-# Shapes with a server whose state the engine keeps (the others keep ()).
-SERVER_SHAPES = (Centralized, Elastic)
+Family = Union[Collective, Centralized, Elastic, Gossip, Decentralized]
+FAMILIES = (Collective, Centralized, Elastic, Gossip, Decentralized)
+EVENT_FAMILIES = (Centralized, Elastic, Gossip, Decentralized)
+# Families with a server whose state the engine keeps (the others keep ()).
+SERVER_FAMILIES = (Centralized, Elastic)
 
 
-def has_server(algorithm: Shape) -> bool:
-  return isinstance(algorithm, SERVER_SHAPES)
+def has_server(algorithm: Family) -> bool:
+  return isinstance(algorithm, SERVER_FAMILIES)

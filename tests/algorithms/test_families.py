@@ -1,10 +1,10 @@
-"""The registry-driven common test of each shape's invariants.
+"""The registry-driven common test of each family's invariants.
 
-Every registered algorithm is checked against the invariants of its shape
-(jaxdl.algorithms.shapes), as optax's common test checks every optimizer: a
+Every registered algorithm is checked against the invariants of its family
+(jaxdl.algorithms.families), as optax's common test checks every optimizer: a
 newly registered algorithm is covered here without a line of its own. Each
 check runs the algorithm through the sim engine, replaying a small
-hand-written trace (jaxdl.trace: the event kinds of each shape), built as a
+hand-written trace (jaxdl.trace: the event kinds of each family), built as a
 run builds it (jaxdl.runner.setup with --replay), under the algorithm's
 default settings, which are ones where the property can fail (local SGD
 averages within the steps, DC/LC-ASGD compensate, EASGD's elasticity is
@@ -27,7 +27,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdl.algorithms import (ALGORITHMS, SHAPES, Centralized, Collective, Decentralized, Elastic,
+from jaxdl.algorithms import (ALGORITHMS, FAMILIES, Centralized, Collective, Decentralized, Elastic,
                               Gossip)
 from jaxdl.config import RunConfig
 from jaxdl.runner import Setup, setup
@@ -54,9 +54,9 @@ ONE_WORKER = {"diloco": dict(inner_steps=1, outer_optimizer="sgd", outer_lr=1.0,
                              outer_momentum=0.0)}
 
 
-def names(shape: type) -> list[str]:
-  """The registered algorithms of `shape`."""
-  return [name for name in ALGORITHMS if ALGORITHMS.get(name).shape is shape]
+def names(family: type) -> list[str]:
+  """The registered algorithms of `family`."""
+  return [name for name in ALGORITHMS if ALGORITHMS.get(name).family is family]
 
 
 def built_in(name: str) -> bool:
@@ -64,20 +64,20 @@ def built_in(name: str) -> bool:
   return ALGORITHMS.get(name).build.__module__.startswith("jaxdl.")
 
 
-def cases(shape: type, default: set, optimizers: bool = False, only=lambda name: True) -> list:
-  """The parametrization over `shape`'s algorithms (`only` those that it
+def cases(family: type, default: set, optimizers: bool = False, only=lambda name: True) -> list:
+  """The parametrization over `family`'s algorithms (`only` those that it
   allows; by optimizer, each name with each of RULES): the cases in
   `default` run by default, a representative few; the others with the slow
   ones."""
-  chosen = [name for name in names(shape) if only(name)]
+  chosen = [name for name in names(family) if only(name)]
   every = ([(name, optimizer) for name in chosen for optimizer in sorted(RULES)]
            if optimizers else chosen)
   return marks.default_only(every, default)
 
 
-def test_every_registered_algorithm_has_a_shape_checked_here():
-  assert all(ALGORITHMS.get(name).shape in SHAPES for name in ALGORITHMS)
-  assert sorted(n for shape in SHAPES for n in names(shape)) == sorted(ALGORITHMS)
+def test_every_registered_algorithm_has_a_family_checked_here():
+  assert all(ALGORITHMS.get(name).family in FAMILIES for name in ALGORITHMS)
+  assert sorted(n for family in FAMILIES for n in names(family)) == sorted(ALGORITHMS)
 
 
 def _replay(tmp_path, name: str, events: list[Event], workers: int, **flat) -> Setup:
