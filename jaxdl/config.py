@@ -43,9 +43,9 @@ class ModelConfig:
   compute_dtype: Literal["float32", "bfloat16"] = "float32"
   """The dtype an image model of the zoo computes in with --parallelism data: bfloat16 casts the parameters and images to it in each forward and backward pass (mixed precision: parameters, gradients, optimizer state, batch-norm statistics, logits and loss stay float32)."""
   parallelism: str = "data"
-  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights split over --tensor-parallel devices, Megatron-style), for a synchronous algorithm; pipeline: mlp, cnn, cnn_bn, vit, resnet and vgg models (batch norm normalizes each micro-batch by its own statistics, as in GPipe); tensor: the same models (a batch norm split by channels as the convolution before it)."""
+  """How each worker's model is laid over devices on --engine mesh: data (the whole model on one device per worker), pipeline (the model cut into --stages stages on as many devices, each batch into --microbatches micro-batches, GPipe's schedule) or tensor (its weights sharded over --tensor-parallel devices, Megatron-style), for a synchronous algorithm; pipeline: mlp, cnn, cnn_bn, vit, resnet and vgg models (batch norm normalizes each micro-batch by its own statistics, as in GPipe); tensor: the same models (a batch norm sharded by channels as the convolution before it)."""
   tensor_parallel: int = 2
-  """--parallelism tensor: k, the devices each worker's weights are split over: dense layers in pairs by columns then rows, attention by heads then rows, convolutions by output channels (a residual block's last pair by output then input channels), batch norm by channels (k must divide each split dimension)."""
+  """--parallelism tensor: k, the devices each worker's weights are sharded over: dense layers in pairs by columns then rows, attention by heads then rows, convolutions by output channels (a residual block's last pair by output then input channels), batch norm by channels (k must divide each sharded dimension)."""
   stages: int = 2
   """--parallelism pipeline: p, the stages (devices) each worker's model is cut into, balanced by parameter count."""
   microbatches: int = 4
@@ -106,7 +106,7 @@ class AlgorithmConfig:
 class ClusterConfig:
   """The machines: worker speeds and parameter-server shards."""
   worker_speeds: tuple[float, ...] | None = None
-  """Relative speed per worker: the global batch (M x --batch-size) is split in proportion (unless --batch-sizes). --engine sim models the speeds; on --engine mesh or ray, with --compute-time, the workers are slowed to them for real (see --compute-time); without it they run at their own speed (the speeds only split the batch: refused with --batch-sizes)."""
+  """Relative speed per worker: the global batch (M x --batch-size) is partitioned in proportion (unless --batch-sizes). --engine sim models the speeds; on --engine mesh or ray, with --compute-time, the workers are slowed to them for real (see --compute-time); without it they run at their own speed (the speeds only partition the batch: refused with --batch-sizes)."""
   servers: int = 1
   """Parameter-server shards k: each owns about 1/k of the parameters and optimizer state (their bytes), and has its own link; with --engine ray, k shard actors (asp, ssp, dc_asgd, lc_asgd)."""
   cluster: str = "cpu"
@@ -124,9 +124,9 @@ class ClusterConfig:
   straggler_slowdown: float = 4.0
   """How many times longer a straggling iteration takes."""
   partition: str = "static"
-  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd, diloco) splits its global batch B over the workers: static (--batch-sizes, or B split by --worker-speeds, or --batch-size each); proportional (the static split for a warm-up of --rebalance-every steps, then split once from the batch times measured over it, kept); adaptive (split after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). proportional's split makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part); adaptive's minimizes the expected slowest batch over the window's measured scatter (a step waits for the slowest). B stays fixed and every example weighs 1/B; the splits are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
+  """How a synchronous algorithm (sgd, bsp, ar_sgd, local_sgd, diloco) partitions its global batch B among the workers: static (--batch-sizes, or B divided by --worker-speeds, or --batch-size each); proportional (the static partition for a warm-up of --rebalance-every steps, then partitioned once from the batch times measured over it, kept); adaptive (partitioned after the first step, then every --rebalance-every steps from each worker's last --rebalance-window batch times). proportional's partition makes the workers' predicted batch times equal (each fitted as a fixed part plus a part per example: in proportion to throughput when there is no fixed part); adaptive's minimizes the expected slowest batch over the window's measured scatter (a step waits for the slowest). B stays fixed and every example weighs 1/B; the partitions are "partition" events in trace.jsonl. proportional and adaptive run on --engine sim (modelled times: a worker's grows with its batch), and on --engine mesh and ray (measured times: each worker runs its own program on its own share, a thread or a process), over a dataset held in memory."""
   rebalance_every: int = 5
-  """--partition proportional: the warm-up's steps; adaptive: steps between splits."""
+  """--partition proportional: the warm-up's steps; adaptive: steps between partitions."""
   rebalance_window: int = 20
   """--partition adaptive: each worker's most recent batches its batch cost is fitted over."""
 

@@ -1,4 +1,4 @@
-"""How a synchronous step's global batch is split over its workers.
+"""How a synchronous step's global batch is partitioned among its workers.
 
 Heterogeneous workers (the Choi seed's CPU and GPU workers) finish equal
 batches at different times, and a synchronous step waits for the last. A
@@ -6,29 +6,29 @@ partition gives each worker a share of the global batch B:
 
   static        fixed sizes (--batch-sizes, or B / M each);
   proportional  the static sizes for a warm-up of `every` steps, then a
-                split from the batch times measured over it, kept for the
+                partition from the batch times measured over it, kept for the
                 rest of the run;
-  adaptive      split after the first step from its batch times, then
+  adaptive      partitions after the first step from its batch times, then
                 again every `every` steps from each worker's last `window`
                 batches (a moving window, so that a worker whose speed
                 changes is followed).
 
 Each worker's batch time is fitted as a fixed part plus a part per example
-(`Partitioner.costs`). Proportional's split equalizes the predicted times:
+(`Partitioner.costs`). Proportional's partition equalizes the predicted times:
 in proportion to the throughputs (examples per second) where there is no
 fixed part. Adaptive's also weighs how the times vary: a step waits for the
 slowest of M batches whose times scatter around their means (the seed's
-1.4-2.5 s around 1.9 s), and the split that minimizes the expected slowest
-is not the one that equalizes the means. From the equal-means split it moves
+1.4-2.5 s around 1.9 s), and the partition that minimizes the expected slowest
+is not the one that equalizes the means. From the equal-means partition it moves
 one example at a time while the expected slowest, over each worker's
 measured times relative to its fit (`Partitioner.spreads`, independent
 across workers), falls (`quickest`): a worker whose time per example is
 large gives a few examples to the fast ones. With times that do not scatter
-this is the equal-means split, or an integer split of the same slowest time.
+this is the equal-means partition, or an integer partition of the same slowest time.
 
 B is fixed: the sizes always sum to B, each at least one example, and an
 example's weight in the update is 1/B whatever worker computed it, so the
-update is the global batch's mean gradient however the batch is split.
+update is the global batch's mean gradient however the batch is partitioned.
 
 A `Partitioner` is host state: the engine that times the batches owns one
 and feeds it each step's batch times; the sizes it returns are recorded in
@@ -53,7 +53,7 @@ POLICIES = ("static", "proportional", "adaptive")
 class Policy:
   kind: str = "static"
   every: int = 5
-  """proportional: the warm-up's steps; adaptive: steps between splits."""
+  """proportional: the warm-up's steps; adaptive: steps between partitions."""
   window: int = 20
   """adaptive: each worker's batches in the moving window its cost is fitted over."""
 
@@ -75,11 +75,11 @@ class Policy:
     return policy
 
   def check_workers(self, workers: int) -> None:
-    """Refuses a split that changes among fewer than two workers: one holds
-    the whole global batch, and there is nothing to split."""
+    """Refuses a partition that changes among fewer than two workers: one holds
+    the whole global batch, and there is nothing to partition."""
     if self.kind != "static" and workers < 2:
       raise ConfigError("partition", self.kind, f"static with --workers {workers}: "
-                        "proportional and adaptive split the global batch among 2 workers "
+                        "proportional and adaptive partition the global batch among 2 workers "
                         "or more")
 
 
@@ -102,7 +102,7 @@ def largest_remainder(total: int, weights: Sequence[float],
 
 class Partitioner:
   """The sizes in force (`sizes`) and what chooses the next: fed each step's
-  batch times (`observe`), it says when the policy splits B anew."""
+  batch times (`observe`), it says when the policy partitions B anew."""
 
   def __init__(self, policy: Policy, sizes: Sequence[int]):
     self.policy, self.sizes = policy, tuple(int(b) for b in sizes)
@@ -135,14 +135,14 @@ class Partitioner:
     return [np.asarray([t / (a + c * b) for b, t in r]) for r, (a, c) in zip(self.recent, costs)]
 
   def due(self, observed: int) -> bool:
-    """Whether the policy may split B anew once `observed` steps are observed."""
+    """Whether the policy may partition B anew once `observed` steps are observed."""
     kind, every = self.policy.kind, self.policy.every
     return (kind == "proportional" and observed == every) or (
         kind == "adaptive" and (observed == 1 or observed % every == 0))
 
   def observe(self, seconds: Sequence[float]) -> tuple[int, ...] | None:
     """Records the step just taken: each worker's seconds for its batch of
-    `sizes`. The sizes of the steps from the next on if the policy splits B
+    `sizes`. The sizes of the steps from the next on if the policy partitions B
     again now (they become `sizes`), else None."""
     if len(seconds) != len(self.sizes) or not all(t > 0 for t in seconds):
       raise ValueError(f"batch seconds {list(seconds)}: one > 0 per worker")
@@ -188,7 +188,7 @@ def expected_slowest(means: np.ndarray, spreads: Sequence[np.ndarray]) -> float:
 
 def quickest(total: int, costs: np.ndarray, spreads: Sequence[np.ndarray]) -> tuple[int, ...]:
   """Sizes summing to `total`, each at least one, of a small expected slowest
-  batch time: from `balanced`'s split, the best move of one example from one
+  batch time: from `balanced`'s partition, the best move of one example from one
   worker to another while it lowers `expected_slowest` of the times
   a_m + c_m b_m scattered by `spreads` (a local minimum, deterministic)."""
   a, c = costs[:, 0], costs[:, 1]

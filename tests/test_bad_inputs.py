@@ -293,8 +293,8 @@ def test_pinned_workers_off_the_ray_engine_are_refused(tmp_path, capsys):
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "1"],
      "--tensor-parallel", "an integer >= 2"),
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "3",
-      "--model", "mlp"], "--tensor-parallel", "a divisor of every split dimension of mlp's "
-     "layers: hidden/0/kernel has 256 along its split dimension 1"),
+      "--model", "mlp"], "--tensor-parallel", "a divisor of every sharded dimension of mlp's "
+     "layers: hidden/0/kernel has 256 along its sharded dimension 1"),
     (["--algorithm", "ar_sgd", "--parallelism", "tensor", "--tensor-parallel", "8"],
      "--tensor-parallel", "at most 4: 2 workers x 8 tensor devices need 16 devices"),
     (["--algorithm", "ar_sgd", "--tensor-parallel", "4"], "--tensor-parallel",

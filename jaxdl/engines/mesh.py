@@ -116,7 +116,7 @@ class MeshEngine(base.LocalProcess):
     devices = jax.devices()
     # --parallelism pipeline: each worker's model over a row of p devices
     # (jaxdl.parallel.pipeline), one worker per row; --parallelism tensor: each
-    # worker's weights split over a row of k devices (jaxdl.parallel.tensor)
+    # worker's weights sharded over a row of k devices (jaxdl.parallel.tensor)
     parallelism = config.model.parallelism if config is not None else "data"
     self.stages = p = config.model.stages if parallelism == "pipeline" else 1
     self.microbatches = config.model.microbatches if p > 1 else 1
@@ -157,7 +157,7 @@ class MeshEngine(base.LocalProcess):
     if k > 1:  # split leaves along the tensor axis too (XLA partitions the step's math)
       wrong = indivisible(config.model.model, params, k)
       if wrong:
-        raise ConfigError("tensor_parallel", k, f"a divisor of every split dimension of "
+        raise ConfigError("tensor_parallel", k, f"a divisor of every sharded dimension of "
                           f"{config.model.model}'s layers: {wrong}")
       dims = leaf_dims(config.model.model, params, self._worker_shapes)
       self._shardings = jax.tree.map(

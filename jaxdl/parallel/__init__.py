@@ -1,5 +1,5 @@
 """Model parallelism inside a worker: a model's stages over a device axis
-(`pipeline`), or its layers' weights split over one (`tensor`).
+(`pipeline`), or its layers' weights sharded over one (`tensor`).
 
 `check` is the owner of the model section's parallelism fields."""
 from __future__ import annotations
@@ -22,11 +22,11 @@ their defaults."""
 
 def check(config: RunConfig) -> None:
   """--parallelism pipeline's and tensor's conditions: a zoo model with
-  stages and splits (in float32, without compression), micro-batches that
+  stages and shardings (in float32, without compression), micro-batches that
   divide the batch, workers x stages (or x tensor devices) devices; the
   other's flags left at their defaults. (The engine that runs it: the one
   that declares --parallelism its own field, jaxdl.engines; that k divides
-  every split dimension: that engine, which builds the model.)"""
+  every sharded dimension: that engine, which builds the model.)"""
   m = config.model
   if m.parallelism not in PARALLELISMS:
     raise ConfigError("parallelism", m.parallelism, "one of " + ", ".join(PARALLELISMS))
@@ -42,21 +42,21 @@ def check(config: RunConfig) -> None:
   if m.compute_dtype != "float32":
     raise ConfigError("compute_dtype", m.compute_dtype, f"float32 with --parallelism "
                       f"{m.parallelism} (bfloat16 is for --parallelism data)")
-  what = "a pipeline" if m.parallelism == "pipeline" else "a tensor split"
+  what = "a pipeline" if m.parallelism == "pipeline" else "a tensor sharding"
   if config.algorithm.compress != "none":
     raise ConfigError("compress", config.algorithm.compress, f"none with --parallelism "
                       f"{m.parallelism} ({what} lays the parameters out as padded rows or "
                       "shards; compression is for data parallelism)")
   models = tuple(MODELS.names()) if m.parallelism == "pipeline" else TENSOR_MODELS
   if m.model not in models or config.data.dataset.startswith(TASK_PREFIX):
-    why = "a sequence of stages" if m.parallelism == "pipeline" else "layers with a split"
+    why = "a sequence of stages" if m.parallelism == "pipeline" else "layers with a sharding"
     raise ConfigError("model", m.model, "one of " + ", ".join(models)
                       + f" with --parallelism {m.parallelism} ({why})")
   if m.parallelism == "tensor":
     k = m.tensor_parallel
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
       raise ConfigError("tensor_parallel", k, "an integer >= 2 (the devices a worker's "
-                        "weights are split over)")
+                        "weights are sharded over)")
     _check_devices(config, "tensor_parallel", k, "tensor devices")
     return
   if m.pipeline_schedule not in SCHEDULES:
