@@ -1,10 +1,15 @@
 """The PNG plots of `jaxdl report` (matplotlib, Agg backend: no display needed).
 
-A variant (its label: ``asp``, ``ssp_s3``) has one colour in every plot of
-every comparison (`color`), a worker count one line style; legends sit
-outside the axes, and a line hidden under an identical one is labelled
-"(= the other)". A diverged run is marked with an x at the bottom edge (at
-the step where it stopped, or at its worker count) and "diverged" in its
+A variant (its label: ``asp``, ``ssp_s3``) has one colour and one marker in
+every plot of every comparison (`color`, `marker`); where a plot's lines are
+variants, each has its own line style too (`variant_style`), and where they
+are one variant at several worker counts, a worker count has one. So the 14
+variants of the default comparison differ in colour, and two whose colours
+are alike (tab20's dark and light of a hue) also in marker and line style.
+Legends sit outside the axes, one entry per line label; a line hidden under
+an identical one says so once, "(= the other)", with the panels where it
+was (when not all). A diverged run is marked with an x at the bottom edge
+(at the step where it stopped, or at its worker count) and "diverged" in its
 legend entry.
 """
 from __future__ import annotations
@@ -24,6 +29,7 @@ ACCURACY_BYTES = "accuracy_bytes.png"  # drawn where cells counted the bytes the
 Report = Any  # a jaxdl.report.Comparison: its cells, networks and baseline
 Figure = Any  # a matplotlib Figure
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -45,6 +51,12 @@ def color_order() -> list[str]:
                             + [v.label for g in GRIDS.values() for v in g.variants]))
 
 
+def _index(label: str) -> int:
+  """A label's place in `color_order`, or a stable hash for one outside it."""
+  order = color_order()
+  return order.index(label) if label in order else zlib.crc32(label.encode())
+
+
 def color(label: str) -> tuple[float, ...]:
   """A variant's colour, the same in every plot and comparison: tab20's dark
   colours then its light ones, greys left out (they read as "off"), then
@@ -54,9 +66,22 @@ def color(label: str) -> tuple[float, ...]:
   cmap, more = matplotlib.colormaps["tab20"], matplotlib.colormaps["tab20b"]
   palette = [cmap(i) for start in (0, 1) for i in range(start, 20, 2) if i not in (14, 15)]
   palette += [more(i) for start in (0, 2, 1, 3) for i in range(start, 20, 4)]
-  order = color_order()
-  index = order.index(label) if label in order else zlib.crc32(label.encode())
-  return palette[index % len(palette)]
+  return palette[_index(label) % len(palette)]
+
+
+def marker(label: str) -> str:
+  """A variant's marker, the same in every plot: taken in `color_order` from
+  MARKERS, whose length shares no factor with the 9 colours between a hue's
+  dark and light (so those two differ in marker)."""
+  return MARKERS[_index(label) % len(MARKERS)]
+
+
+def variant_style(label: str) -> dict[str, Any]:
+  """Colour, marker and line style of a variant's line in a plot whose lines
+  are variants (its line style: in `color_order`, 4 styles, so a hue's dark
+  and light, 9 apart, differ in it too)."""
+  return dict(color=color(label), marker=marker(label),
+              linestyle=LINESTYLES[_index(label) % 4])
 
 
 def _linestyles(report: Report) -> dict[int, Any]:
@@ -80,18 +105,36 @@ def _mark_diverged(ax, x: float, c, label: str) -> None:
 
 def _line(ax, seen: dict, xs, ys, label: str, **style) -> None:
   """Plots a line on `ax`; one that lies exactly on a line `seen` before on
-  the same axes (e.g. ssp whose bound never bound, on asp) says so in its label."""
+  the same axes (e.g. ssp whose bound never bound, on asp) is recorded as
+  such (`seen[label]`), for its legend entry (`_legend`)."""
   first = seen.setdefault((tuple(xs), tuple(ys)), label)
-  ax.plot(xs, ys, label=label if first == label else f"{label} (= {first})", **style)
+  if first != label:
+    seen[label] = first
+  ax.plot(xs, ys, label=label, **style)
 
 
-def _legend(fig, axes) -> None:
-  """One legend for the figure, right of the axes, each label once."""
-  entries = {}
-  for ax in axes:
+def _legend(fig, axes, seen: list[dict] | None = None) -> None:
+  """One legend for the figure, right of the axes, each label once. `seen`:
+  each axes' record of `_line`; a label whose line lay on another's says so
+  once, naming the panels where it did unless it did in every panel it is in."""
+  entries: dict[str, Any] = {}
+  panels: dict[str, list] = {}
+  for i, ax in enumerate(axes):
     for handle, label in zip(*ax.get_legend_handles_labels()):
       entries.setdefault(label, handle)
-  fig.legend(entries.values(), entries.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5),
+      panels.setdefault(label, []).append(i)
+  texts = []
+  for label in entries:
+    same = {i: seen[i][label] for i in panels[label] if seen and i < len(seen) and label in seen[i]}
+    if not same:
+      texts.append(label)
+    elif len(same) == len(panels[label]) and len(set(same.values())) == 1:
+      texts.append(f"{label} (= {next(iter(same.values()))})")
+    else:
+      where = ", ".join(f"{other} in {axes[i].get_title() or f'panel {i + 1}'}"
+                        for i, other in same.items())
+      texts.append(f"{label} (= {where})")
+  fig.legend(list(entries.values()), texts, loc="center left", bbox_to_anchor=(1.0, 0.5),
              fontsize=8, frameon=False)
 
 
@@ -104,20 +147,22 @@ def curves(report: Report, x: str) -> Figure:
   fig, axes = plt.subplots(1, len(workers), figsize=(4.5 * len(workers), 4), squeeze=False,
                            sharey=True)
   base = report.baseline(report.main)
+  seen: list[dict] = []
   for ax, m in zip(axes[0], workers):
-    seen: dict = {}
+    seen.append({})
     for c in [c for c in cells if c.workers == m and c is not base] + ([base] if base else []):
       label = f"{c.variant} (1 worker)" if c is base else c.variant
       if c.curve:
-        _line(ax, seen, [p[x] for p in c.curve], [p["score"] for p in c.curve], label,
-              marker=".", color=color(c.variant), linestyle=styles[c.workers])
+        _line(ax, seen[-1], [p[x] for p in c.curve], [p["score"] for p in c.curve], label,
+              marker=marker(c.variant), markersize=4, color=color(c.variant),
+              linestyle=styles[c.workers])
       if c.diverged and c.last:
         _mark_diverged(ax, c.last[x], c, f"{label} (diverged)")
     ax.set_title(f"{m} workers")
     ax.set_xlabel(f"time ({_clock(cells)} seconds)" if x == "time" else "epochs")
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel(report.label)
-  _legend(fig, axes[0])
+  _legend(fig, axes[0], seen)
   return fig
 
 
@@ -132,7 +177,7 @@ def accuracy_against_workers(report: Report) -> Figure:
     points = sorted((c.workers, c.score) for c in cells
                     if c.variant == v and c.score is not None)
     if points:
-      _line(ax, seen, *zip(*points), v, marker="o", color=color(v))
+      _line(ax, seen, *zip(*points), v, **variant_style(v))
     for c in (c for c in cells if c.variant == v and c.diverged):
       _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
   base = report.baseline(report.main)
@@ -142,7 +187,7 @@ def accuracy_against_workers(report: Report) -> Figure:
   ax.set_xlabel("workers")
   ax.set_ylabel(report.label)
   ax.grid(alpha=0.3)
-  _legend(fig, [ax])
+  _legend(fig, [ax], [seen])
   return fig
 
 
@@ -154,17 +199,18 @@ def speedup_against_workers(report: Report) -> Figure:
              if n not in report.networks]
   fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4),
                            squeeze=False, sharey=True)
+  seen: list[dict] = []
   for ax, (net, pool) in zip(axes[0], panels):
     base = next((c for c in pool if c.variant == report.baseline_variant and c.network == net),
                 None)
     cells = [c for c in pool if c.network == net and c.variant != report.baseline_variant]
-    seen: dict = {}
+    seen.append({})
     for v in dict.fromkeys(c.variant for c in cells):
       points = sorted((c.workers, ratio(c.throughput, base and base.throughput))
                       for c in cells if c.variant == v and not c.diverged)
       points = [(m, s) for m, s in points if s is not None]
       if points:
-        _line(ax, seen, *zip(*points), v, marker="o", color=color(v))
+        _line(ax, seen[-1], *zip(*points), v, **variant_style(v))
       for c in (c for c in cells if c.variant == v and c.diverged):
         _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
     workers = sorted({c.workers for c in cells})
@@ -175,7 +221,7 @@ def speedup_against_workers(report: Report) -> Figure:
     ax.grid(alpha=0.3)
   clock = _clock(report.train + report.timing)
   axes[0][0].set_ylabel(f"speedup over 1-worker SGD\n(samples per {clock} second)")
-  _legend(fig, axes[0])
+  _legend(fig, axes[0], seen)
   return fig
 
 
@@ -213,14 +259,15 @@ def accuracy_against_bytes(report: Report) -> Figure:
   networks = [n for n in report.networks if _bytes_cells(report, n)]
   fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4), squeeze=False,
                            sharey=True)
+  seen: list[dict] = []
   for ax, net in zip(axes[0], networks):
     cells = _bytes_cells(report, net)
-    seen: dict = {}
+    seen.append({})
     for v in dict.fromkeys(c.variant for c in cells):
       points = sorted((c.workers, c.summary["bytes_total"] / 1e6, c.score)
                       for c in cells if c.variant == v)
-      _line(ax, seen, [p[1] for p in points], [p[2] for p in points], v, marker="o",
-            color=color(v), linestyle=":")
+      _line(ax, seen[-1], [p[1] for p in points], [p[2] for p in points], v,
+            **variant_style(v))
       for m, x, y in points:
         ax.annotate(f"×{m}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
@@ -229,7 +276,7 @@ def accuracy_against_bytes(report: Report) -> Figure:
     ax.set_xlabel("bytes sent by the workers (MB)")
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel(report.label)
-  _legend(fig, axes[0])
+  _legend(fig, axes[0], seen)
   return fig
 
 
