@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Literal
 
+import jaxdl
 from jaxdl import calibrate, compare, flags, parsing, rundir
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cluster import DEFAULT_UTILIZATION, DEVICE_PROFILES
@@ -36,6 +37,8 @@ commands:
   calibrate  measure this machine's costs on the ray engine into a profile
            for --engine sim --cluster PROFILE.json (jaxdl calibrate --help)
   list     list datasets, models, optimizers, algorithms and engines
+
+  --version  print jaxdl's version
 
 exit codes: 0 done; 1 some compare cells failed; 2 bad input; 3 the run
 diverged (jaxdl run: its training loss became NaN or infinite, or past
@@ -328,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(USAGE)
     return 0 if argv else 2
+  if argv[0] == "--version":
+    print(f"jaxdl {jaxdl.__version__}")
+    return 0
   command = COMMANDS.get(argv[0])
   if command is None:
     print(f"jaxdl: error: unknown command {argv[0]!r}; allowed: {', '.join(COMMANDS)}",

@@ -1,5 +1,6 @@
 """The command line: help, list, bad input, rerun, and resume after SIGKILL."""
 import dataclasses
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -311,3 +312,8 @@ def test_an_experiments_own_flags_refuse_in_one_line(capsys, monkeypatch, script
   lines = capsys.readouterr().err.strip().splitlines()
   assert exit.value.code == 2 and len(lines) == 1, lines
   assert lines[0].startswith(f"python {script}.py: error: --nope is not a flag"), lines[0]
+
+
+def test_version_is_the_installed_packages(capsys):
+  assert main(["--version"]) == 0
+  assert capsys.readouterr().out == f"jaxdl {importlib.metadata.version('jaxdl-train')}\n"
