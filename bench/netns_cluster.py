@@ -5,7 +5,11 @@ A head node and worker nodes, each a namespace with one interface (`eth0`,
 an address in a private /24 that the cluster chose for itself), joined by
 veth pairs to a bridge in a namespace of its own (the switch): nothing is
 made in the machine's own namespace, and no traffic leaves the namespaces.
-A worker node's link can be shaped by `tc qdisc ... tbf` (rate, burst,
+Each node's /etc/hosts (`ip netns exec` reads /etc/netns/NAME/hosts) maps
+this machine's host name to the node's own address, as a machine's own name
+resolves to its address: a library that advertises the address its host
+name resolves to (gloo, which jax.distributed's CPU collectives use) gives
+its node's. A worker node's link can be shaped by `tc qdisc ... tbf` (rate, burst,
 latency), in both directions. Ray starts in each node with token
 authentication (`RAY_AUTH_MODE=token`, a token made for the cluster, in a
 home of its own readable by its owner only); the head listens on
@@ -29,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +46,8 @@ from pathlib import Path
 
 RAY_PORT = 6379
 BRIDGE = "br0"
+_MADE = itertools.count()  # clusters made by this process
+ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts ETC/NAME/* over /etc/*
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -76,8 +84,9 @@ class NetnsCluster:
   """
 
   def __init__(self, workers: int = 2, tag: str | None = None):
-    self.tag = tag or f"jx{os.getpid() % 100000}"
-    subnet = 100 + os.getpid() % 150  # 10.231.100-249.0/24: concurrent clusters apart
+    k = next(_MADE)
+    self.tag = tag or f"jx{os.getpid() % 100000}c{k}"  # the first of a process: ...c0
+    subnet = 100 + (os.getpid() + 7 * k) % 150  # 10.231.100-249.0/24: clusters apart
     self.switch = f"{self.tag}-sw"
     self.nodes = [Node(f"{self.tag}-n{i}", f"10.231.{subnet}.{i + 1}", f"p{i}")
                   for i in range(workers + 1)]
@@ -108,6 +117,9 @@ class NetnsCluster:
       _ip("-n", node.name, "link", "set", "eth0", "up")
       _ip("-n", self.switch, "link", "set", node.port, "master", BRIDGE)
       _ip("-n", self.switch, "link", "set", node.port, "up")
+      (ETC / node.name).mkdir(parents=True, exist_ok=True)
+      (ETC / node.name / "hosts").write_text(
+          f"127.0.0.1 localhost\n{node.address} {socket.gethostname()}\n")
     return self
 
   def shape(self, node: int, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
@@ -178,6 +190,7 @@ class NetnsCluster:
       _kill(pids)
     for namespace in self.namespaces:
       _ip("netns", "del", namespace, check=False)
+      shutil.rmtree(ETC / namespace, ignore_errors=True)
     shutil.rmtree(self.home, ignore_errors=True)
     return leftovers(self.tag)
 
@@ -216,6 +229,7 @@ def leftovers(tag: str) -> list[str]:
   in this namespace (none is ever made here) and processes in its namespaces."""
   found = [f"namespace {n}" for n in _ip("netns", "list", check=False).stdout.split()
            if n.startswith(f"{tag}-")]
+  found += [f"file {p}" for p in ETC.glob(f"{tag}-*")] if ETC.exists() else []
   found += [f"interface {line.split(':')[1].strip()}"
             for line in _ip("-o", "link", "show", check=False).stdout.splitlines()
             if f" {tag}" in line]

@@ -2,12 +2,14 @@
 each node its own network stack and address with a Ray node in it, joined
 with the cluster's token; nothing of it left after an exit, an error or a
 Ctrl-C; a client without the token refused in one line."""
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from bench.netns_cluster import NetnsCluster, allowed, leftovers
@@ -62,7 +64,7 @@ def test_the_script_tears_its_cluster_down_on_ctrl_c_and_sigterm(sig):
   script = subprocess.Popen([sys.executable, "-m", "bench.netns_cluster", "--no-ray", "--rate",
                              "1gbit", "--", "sleep", "120"], stderr=subprocess.PIPE, text=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-  tag = f"jx{script.pid % 100000}"
+  tag = f"jx{script.pid % 100000}c0"
   try:
     line = script.stderr.readline()
     assert line.startswith("netns_cluster: head "), line
@@ -100,3 +102,40 @@ def test_a_client_without_the_token_is_refused_in_one_line(ray_cluster, tmp_path
   [line] = refused.stderr.strip().splitlines()
   assert "--ray-address" in line and "token" in line
   assert not (tmp_path / "run").exists()
+
+
+def _losses(run_dir) -> list[float]:
+  lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+  return [json.loads(l)["train_loss"] for l in lines if "train_loss" in json.loads(l)]
+
+
+@pytest.mark.slow
+def test_jax_distributed_across_namespaces_gives_one_process_losses(tmp_path):
+  """bsp with 4 workers as 2 processes (2 CPU devices each) on two nodes,
+  jax.distributed's coordinator on the first node's address, gloo across
+  the link: the one-process run's losses, step by step."""
+  args = ["run", "--algorithm", "bsp", "--workers", "4", "--model", "mlp", "--steps", "12",
+          "--batch-size", "8", "--log-every", "1", "--no-progress"]
+  devices = lambda n: {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+                       "JAX_PLATFORMS": "cpu"}
+  with NetnsCluster(workers=1) as cluster:
+    address = f"{cluster.nodes[0].address}:{_PORT}"
+    processes = [cluster.popen(i, [*jaxdl_command(*args), "--out", str(tmp_path / "multi"),
+                                   "--coordinator-address", address, "--num-processes", "2",
+                                   "--process-id", str(i)],
+                               env=devices(2), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+  assert [p.returncode for p in processes] == [0, 0], [o[-2000:] for o in outputs]
+  single = subprocess.run([*jaxdl_command(*args), "--out", str(tmp_path / "one")],
+                          env={**os.environ, **devices(4)}, capture_output=True, text=True,
+                          timeout=300)
+  assert single.returncode == 0, single.stderr[-2000:]
+  multi = json.loads((tmp_path / "multi" / "summary.json").read_text())
+  assert multi["processes"] == 2 and multi["devices"] == 4
+  many, one = _losses(tmp_path / "multi"), _losses(tmp_path / "one")
+  assert len(many) == len(one) == 12
+  np.testing.assert_allclose(many, one, rtol=1e-5)
+
+
+_PORT = 7654
