@@ -1,9 +1,11 @@
 """`jaxdl report`: the tables' numbers from known run directories, and the plots."""
+import dataclasses
 import json
 
 import pytest
 
 from jaxdl import plots, report, rundir
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, GRIDS
 from jaxdl.config import RunConfig
@@ -223,6 +225,32 @@ def test_report_says_when_the_staleness_bound_never_bound(comparison):
   # ssp_s3 waited (0.1 s per worker): its bound bound, it is not named
   assert "ssp_s3:" not in notes
   assert notes in report.Report(comparison).tables()
+
+
+def test_the_notes_name_each_algorithm_that_declares_what_it_reduces_to(comparison):
+  """The notes follow AlgorithmSpec.reduces_to, not a name: ssp declares asp;
+  a copy of ssp under another name is named as ssp is, and one that
+  declares nothing is not."""
+  assert ALGORITHMS.get("ssp").reduces_to == "asp"
+  summary_path = comparison / "asp-m4" / "summary.json"
+  summary = json.loads(summary_path.read_text())
+  summary_path.write_text(json.dumps({**summary, "params_fingerprint": "f-asp"}))
+  for name, reduces_to in (("ssp_copy", "asp"), ("ssp_plain", None)):
+    ALGORITHMS.add(dataclasses.replace(ALGORITHMS.get("ssp"), name=name, reduces_to=reduces_to))
+  try:
+    for name in ("ssp_copy", "ssp_plain"):
+      _run_dir(comparison, f"{name}-m4", {"samples": 1000, "test_accuracy": 0.9,
+                                          "simulated_time_s": 0.25, "wait_s": [0.0] * 4,
+                                          "params_fingerprint": "f-asp", "staleness_mean": 2.5,
+                                          "staleness_max": 3},
+               algorithm=name, staleness_bound=100, workers=4)
+    notes = report.Report(comparison).staleness_notes("10gbps")
+  finally:
+    for name in ("ssp_copy", "ssp_plain"):
+      ALGORITHMS.remove(name)
+  assert notes.splitlines()[1:] == [
+      "- ssp_copy_s100: the staleness bound s never bound at 4 workers: identical to asp "
+      "(the same parameters fingerprint)."]
 
 
 def test_never_bound_from_real_runs(tmp_path):
