@@ -1,13 +1,18 @@
 """`jaxdl calibrate`: this machine's costs on the ray engine, measured into a
 cost profile that `jaxdl run --engine sim --cluster PROFILE.json` simulates.
 
-Two short ray runs with one worker, so that nothing waits for anyone:
+Two short runs with one worker, so that nothing waits for anyone, on the
+first registered engine whose server or coordinator is a process of its own
+(`Engine.central_process`: ray), of the algorithms `probes` picks from the
+registry by what they declare:
 
-- asp: each update is a pull, a gradient and a push applied at the server.
+- a plain parameter server (asp: centralized, no settings of its own): each
+  update is a pull, a gradient and a push applied at the server.
   `compute_time` is the worker's measured seconds per gradient;
   `server_time` what the server spends on one update, one at a time.
-- gosgd: each local step is a gradient and the coordinator's grant;
-  `order_time` is what the coordinator spends on one event.
+- a gossip algorithm (gosgd): each local step is a gradient and the
+  coordinator's grant; `order_time` is what the coordinator spends on one
+  event.
 
 A central actor's time per call, once more workers keep it busy, lies
 between two one-worker measures: its process's CPU seconds per call (what
@@ -37,8 +42,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jaxdl.algorithms import ALGORITHMS, AlgorithmSpec, Centralized, Gossip
 from jaxdl.cluster import Profile
 from jaxdl.config import RunConfig
+from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError
 from jaxdl.runner import run
 
@@ -53,10 +60,34 @@ class CalibrateArgs:
   """Where the profile is written: PATH.json."""
 
 
+def _first(wanted: Callable[[AlgorithmSpec], bool]) -> str:
+  return next(name for name in ALGORITHMS if wanted(ALGORITHMS.get(name)))
+
+
+def probes() -> dict[str, str]:
+  """The algorithm of each measuring run, by the profile field it measures:
+  `server_time`, the first registered centralized algorithm that keeps a
+  parameter server and has no settings of its own (one that applies each
+  push as it arrives: asp); `order_time`, the first registered gossip one
+  (whose coordinator grants each local step: gosgd)."""
+  plain_server = lambda spec: (spec.family is Centralized and spec.has_server
+                               and not dataclasses.fields(spec.settings))
+  return {"server_time": _first(plain_server),
+          "order_time": _first(lambda spec: spec.family is Gossip)}
+
+
+def engine() -> str:
+  """The engine of the measuring runs: the first registered one that runs
+  both probes with a central process of its own (Engine.central_process)."""
+  families = {ALGORITHMS.get(name).family for name in probes().values()}
+  return next(name for name in ENGINES if ENGINES.get(name).central_process
+              and families <= set(ENGINES.get(name).families))
+
+
 def _measure(config: RunConfig, algorithm: str, out: Path) -> dict[str, float]:
   """One measuring run: its updates, seconds from the clock's start to its
   last update, mean measured seconds per gradient, and CPU seconds."""
-  summary = run(config.replace(algorithm=algorithm, engine="ray", workers=1, out=str(out),
+  summary = run(config.replace(algorithm=algorithm, engine=engine(), workers=1, out=str(out),
                                eval_every=config.train.steps,
                                checkpoint_every=config.train.steps))
   return {"updates": summary["steps"], "seconds": summary["trace_time_s"],
@@ -72,12 +103,14 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
     raise ConfigError("batch_sizes", config.data.batch_sizes or config.cluster.worker_speeds,
                       "unset: a profile is measured for one --batch-size")
   config = config.replace(steps=config.train.steps or DEFAULT_STEPS)
+  measuring = probes()
   with tempfile.TemporaryDirectory(prefix="jaxdl-calibrate-") as tmp:
     runs = {}
-    for algorithm in ("asp", "gosgd"):
+    for algorithm in measuring.values():
       announce(f"measuring {algorithm} with one worker, {config.train.steps} updates")
       runs[algorithm] = _measure(config, algorithm, Path(tmp) / algorithm)
-  compute, cores = runs["asp"]["compute_time"], len(os.sched_getaffinity(0))
+  server, order = runs[measuring["server_time"]], runs[measuring["order_time"]]
+  compute, cores = server["compute_time"], len(os.sched_getaffinity(0))
   for r in runs.values():
     # What brackets the busy central actor's time per call: its CPU seconds
     # per call (all its threads) below, a worker's whole cycle less its
@@ -91,7 +124,7 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
   central = lambda r: max((r["cpu_bound"] + r["cycle_bound"]) / 2, r["machine_bound"])
   profile = Profile(model=config.model.model, dataset=config.data.dataset,
                     batch_size=config.data.batch_size, compute_time=compute,
-                    server_time=central(runs["asp"]), order_time=central(runs["gosgd"]))
+                    server_time=central(server), order_time=central(order))
   import ray
   return {**dataclasses.asdict(profile), "measured": runs,
           "machine": {"host": platform.node(), "cores": cores,

@@ -1,13 +1,17 @@
 """Cost profiles measured on the ray engine (`jaxdl calibrate`), simulated
 with `--engine sim --cluster PROFILE.json`."""
+import dataclasses
 import json
 
 import pytest
 
 import jaxdl
+from jaxdl import calibrate
+from jaxdl.algorithms import ALGORITHMS, Centralized, Gossip
 from jaxdl.cli import main
 from jaxdl.cluster import read_profile
 from jaxdl.config import RunConfig
+from jaxdl.engines import ENGINES
 from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 
@@ -18,6 +22,20 @@ PROFILE = dict(model="mlp", dataset="digits", batch_size=16, compute_time=0.01,
 def _write(path, **fields):
   path.write_text(json.dumps({**PROFILE, **fields}))
   return str(path)
+
+
+def test_the_measuring_runs_are_chosen_by_what_the_registries_declare():
+  """The server's probe is the first centralized algorithm with a server and
+  no settings of its own, the coordinator's the first gossip one, the
+  engine the first whose central process is its own and that runs both:
+  among the built-in ones, asp, gosgd and ray (BENCHMARKS.md's profiles)."""
+  probes = calibrate.probes()
+  server, order = ALGORITHMS.get(probes["server_time"]), ALGORITHMS.get(probes["order_time"])
+  assert server.family is Centralized and server.has_server
+  assert not dataclasses.fields(server.settings) and order.family is Gossip
+  engine = ENGINES.get(calibrate.engine())
+  assert engine.central_process and {Centralized, Gossip} <= set(engine.families)
+  assert (probes, engine.name) == ({"server_time": "asp", "order_time": "gosgd"}, "ray")
 
 
 def test_the_simulator_runs_a_measured_profile_by_hand(tmp_path):
@@ -95,9 +113,10 @@ def test_calibrate_measures_a_profile_the_simulator_runs(tmp_path, capsys):
     assert run["updates"] == 20
     # the machine's CPU seconds hold the central actor's (/proc/stat counts in 10 ms ticks)
     assert run["machine_cpu_s"] >= run["central_cpu_s"] - 0.02
-  asp = profile["measured"]["asp"]
-  assert profile["server_time"] == max((asp["cpu_bound"] + asp["cycle_bound"]) / 2,
-                                       asp["machine_bound"])
+  assert set(profile["measured"]) == set(calibrate.probes().values())
+  server = profile["measured"][calibrate.probes()["server_time"]]
+  assert profile["server_time"] == max((server["cpu_bound"] + server["cycle_bound"]) / 2,
+                                       server["machine_bound"])
   summary = jaxdl.run(RunConfig.make(
       algorithm="ssp", engine="sim", workers=2, model="mlp", batch_size=16, steps=5,
       cluster=str(path), progress=False, out=str(tmp_path / "sim")))

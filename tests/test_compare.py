@@ -1,14 +1,23 @@
-"""`jaxdl compare`: grid expansion, parallel cells, resume, failed cells, bad input."""
+"""`jaxdl compare`: grid expansion, parallel cells, resume, failed cells, bad
+input, and every registered algorithm, engine and task in a comparison."""
 import json
 from pathlib import Path
 
 import pytest
 
 from jaxdl import compare
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, Grid, Variant
+from jaxdl.compare.grid import baseline, one_worker
+from jaxdl.engines import ENGINES
+from jaxdl.settings import allowed
+from jaxdl.task import registered, task_names
 from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
+from tests import marks
+from tests.registry_cases import (DEFAULT_ALGORITHMS, ENGINE_CASES, assert_tables_hold,
+                                  engine_variant, swept)
 
 
 @pytest.mark.parametrize("spec,algorithm,settings", [
@@ -71,6 +80,18 @@ def test_a_measured_profile_sets_the_grids_compute_time():
   assert dict(apply_args(DEFAULT_GRID, CompareArgs(), given).run)["compute_time"] == 1e-3
   assert dict(apply_args(DEFAULT_GRID, CompareArgs(), {"cluster": "v100"}).run)[
       "compute_time"] == 2e-4
+
+
+def test_a_task_brings_its_own_data_and_model():
+  """--dataset task:NAME drops the grid's model (the default grid's mlp),
+  which the task replaces; a --model given with it stays (and is refused
+  when the cells are checked, naming it)."""
+  from jaxdl.compare import CompareArgs, apply_args
+  run = dict(apply_args(DEFAULT_GRID, CompareArgs(), {"dataset": "task:toy"}).run)
+  assert run["dataset"] == "task:toy" and "model" not in run
+  assert run["batch_size"] == dict(DEFAULT_GRID.run)["batch_size"]  # not the task's
+  given = {"dataset": "task:toy", "model": "cnn"}
+  assert dict(apply_args(DEFAULT_GRID, CompareArgs(), given).run)["model"] == "cnn"
 
 
 def test_a_shared_setting_reaches_the_cells_whose_algorithm_has_it(tmp_path):
@@ -355,3 +376,75 @@ def test_a_bad_sweep_is_one_line_exit_2(tmp_path, capsys, args, says):
   assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
   assert says in err and ("--sweep=" in err or "--communication-periods=" in err), err
   assert not out.exists()
+
+
+# The registry-driven cases (tests/registry_cases.py): each registered
+# algorithm, engine and task in a tiny comparison of 3 steps.
+TINY_RUN = ["--steps", "3", "--jobs", "1", "--no-progress", "--no-report"]
+
+
+def _compared(out: Path, capsys, *args: str) -> tuple[str, list[dict], dict[str, dict]]:
+  """`jaxdl compare --out OUT ARGS` (exit code 0, every cell done): what it
+  printed, grid.json's cells, and each cell's summary.json."""
+  assert main(["compare", "--out", str(out), *args, *TINY_RUN]) == 0
+  cells = json.loads((out / compare.GRID_FILE).read_text())["cells"]
+  status = json.loads((out / compare.CELLS_FILE).read_text())
+  assert {c["name"]: status[c["name"]]["status"] for c in cells} == {
+      c["name"]: "done" for c in cells}
+  return capsys.readouterr().out, cells, {
+      c["name"]: json.loads((out / c["name"] / "summary.json").read_text()) for c in cells}
+
+
+@pytest.mark.parametrize("name", marks.default_only(list(ALGORITHMS), DEFAULT_ALGORITHMS))
+def test_every_algorithm_is_compared_and_swept(name, tmp_path, capsys):
+  """Each registered algorithm beside the one-worker baseline, swept over two
+  values of its first setting with a range: one cell per value, each
+  holding its value, and compare's tables hold each cell's own numbers."""
+  setting = swept(name)
+  sweep = ["--sweep", f"{setting[0]}={','.join(map(str, setting[1]))}"] if setting else []
+  printed, cells, summaries = _compared(
+      tmp_path / "cmp", capsys, "--algorithms", ",".join(dict.fromkeys([baseline(), name])),
+      "--workers", "1" if one_worker(name) else "2", "--timing-networks", "10gbps", *sweep)
+  own = [c for c in cells if c["algorithm"] == name]
+  assert len(own) == (len(setting[1]) if setting else 1)
+  if setting:
+    field, values = setting
+    held = [json.loads((tmp_path / "cmp" / c["name"] / "config.json").read_text())[
+        "algorithm"]["settings"][field] for c in own]
+    assert held == values
+    assert all(allowed(ALGORITHMS.get(name).settings, field).allows(v) for v in held)
+  base = next(summaries[c["name"]] for c in cells if c["variant"] == baseline())
+  for c in own:
+    assert_tables_hold(printed, c["variant"], c["workers"], summaries[c["name"]], base)
+
+
+@pytest.mark.parametrize("engine", ENGINE_CASES)
+def test_a_one_cell_grid_on_every_engine(engine, tmp_path, capsys):
+  """One cell, on the engine, of an algorithm it runs: the cell ran there (a
+  simulated time on a simulated engine, no timing cell on another), and
+  compare's tables hold its numbers."""
+  simulated = ENGINES.get(engine).simulated
+  printed, cells, summaries = _compared(
+      tmp_path / "cmp", capsys, "--engine", engine, "--algorithms", engine_variant(engine),
+      "--workers", "2", *(["--timing-networks", "10gbps"] if simulated else []))
+  assert len(cells) == 1
+  summary = summaries[cells[0]["name"]]
+  assert summary["engine"] == engine and ("simulated_time_s" in summary) == simulated
+  assert_tables_hold(printed, cells[0]["variant"], 2, summary)
+
+
+@pytest.mark.parametrize("task", task_names())
+def test_every_registered_task_is_compared_on_its_metric(task, tmp_path, capsys):
+  """A registered task (--dataset task:NAME, which brings its own model) in
+  place of the grid's: the baseline and a distributed algorithm on it, the
+  tables in the task's target metric."""
+  variant = engine_variant(dict(DEFAULT_GRID.run)["engine"])
+  printed, cells, summaries = _compared(
+      tmp_path / "cmp", capsys, "--dataset", f"task:{task}", "--algorithms",
+      f"{baseline()},{variant}", "--workers", "2", "--timing-networks", "10gbps")
+  assert len(cells) == 2
+  base = summaries[next(c["name"] for c in cells if c["variant"] == baseline())]
+  for c in cells:
+    summary = summaries[c["name"]]
+    assert summary["target_metric"] == registered(task).target_metric
+    assert_tables_hold(printed, c["variant"], c["workers"], summary, base)

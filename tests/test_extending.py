@@ -53,6 +53,12 @@ EXPECTED = {
     "its real engine": r"test_common\.py::\S+\[asp_clip-ray\]",
     "engine": r"test_common\.py::\S+\[ar_sgd-vmap\]",
     "task": r"test_task\.py::\S+\[toy_sum\]",
+    "the algorithm compared and swept": r"test_compare\.py::\S+\[asp_clip\]",
+    "the algorithm's run reported": r"test_report\.py::\S+\[asp_clip\]",
+    "a grid on the engine": r"test_compare\.py::\S+\[vmap\]",
+    "a run on the engine reported": r"test_report\.py::\S+\[vmap\]",
+    "the task compared": r"test_compare\.py::\S+\[toy_sum\]",
+    "the task's runs reported": r"test_report\.py::\S+\[toy_sum\]",
 }
 """Cases that must be generated for the plugins (test ids, as regular expressions)."""
 

@@ -1,13 +1,24 @@
-"""`jaxdl report`: the tables' numbers from known run directories, and the plots."""
+"""`jaxdl report`: the tables' numbers from known run directories, the plots,
+and the runs of every registered algorithm, engine and task."""
+import dataclasses
 import json
+import shutil
 
 import pytest
 
+import jaxdl
 from jaxdl import plots, report, rundir
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, GRIDS
+from jaxdl.compare.grid import baseline, one_worker
 from jaxdl.config import RunConfig
+from jaxdl.engines import ENGINES
 from jaxdl.plots import PLOTS
+from jaxdl.task import registered, task_names
+from tests import marks
+from tests.registry_cases import (DEFAULT_ALGORITHMS, ENGINE_CASES, assert_tables_hold,
+                                  engine_variant, table)
 
 
 def _run_dir(root, name, summary, evals=(), trace_times=None, **config):
@@ -225,6 +236,32 @@ def test_report_says_when_the_staleness_bound_never_bound(comparison):
   assert notes in report.Report(comparison).tables()
 
 
+def test_the_notes_name_each_algorithm_that_declares_what_it_reduces_to(comparison):
+  """The notes follow AlgorithmSpec.reduces_to, not a name: ssp declares asp;
+  a copy of ssp under another name is named as ssp is, and one that
+  declares nothing is not."""
+  assert ALGORITHMS.get("ssp").reduces_to == "asp"
+  summary_path = comparison / "asp-m4" / "summary.json"
+  summary = json.loads(summary_path.read_text())
+  summary_path.write_text(json.dumps({**summary, "params_fingerprint": "f-asp"}))
+  for name, reduces_to in (("ssp_copy", "asp"), ("ssp_plain", None)):
+    ALGORITHMS.add(dataclasses.replace(ALGORITHMS.get("ssp"), name=name, reduces_to=reduces_to))
+  try:
+    for name in ("ssp_copy", "ssp_plain"):
+      _run_dir(comparison, f"{name}-m4", {"samples": 1000, "test_accuracy": 0.9,
+                                          "simulated_time_s": 0.25, "wait_s": [0.0] * 4,
+                                          "params_fingerprint": "f-asp", "staleness_mean": 2.5,
+                                          "staleness_max": 3},
+               algorithm=name, staleness_bound=100, workers=4)
+    notes = report.Report(comparison).staleness_notes("10gbps")
+  finally:
+    for name in ("ssp_copy", "ssp_plain"):
+      ALGORITHMS.remove(name)
+  assert notes.splitlines()[1:] == [
+      "- ssp_copy_s100: the staleness bound s never bound at 4 workers: identical to asp "
+      "(the same parameters fingerprint)."]
+
+
 def test_never_bound_from_real_runs(tmp_path):
   """A bound no worker reaches gives asp's schedule, hence asp's parameters."""
   from jaxdl.config import RunConfig as Config
@@ -329,3 +366,85 @@ def test_a_parallelisms_report_predicts_the_asu_seeds_strategies(tmp_path):
       predicted["GPipe (4 micro-batches)"]
   assert rows["model parallel"][2] == "—"  # not measured by the seed
   assert "orders the measured strategies data parallel > single device > GPipe" in tables
+
+
+# The registry-driven cases: a directory of real runs (3 steps, in this
+# process; no grid.json, so the report names the variants from the runs'
+# configs) of each registered algorithm, engine and task, reported.
+TINY = dict(engine="sim", steps=3, batch_size=8, optimizer="sgd", lr=0.05, momentum=0.0,
+            schedule="constant", progress=False)
+
+
+def _run(out, **flags) -> dict:
+  return jaxdl.run(RunConfig.make(**{**TINY, "model": "mlp", **flags, "out": str(out)}))
+
+
+def _reported(directory, capsys) -> str:
+  """`jaxdl report DIRECTORY`'s printed tables, which report.md holds too
+  (from their first heading: a real engine's processes may have printed)."""
+  capsys.readouterr()
+  assert main(["report", str(directory)]) == 0
+  printed = capsys.readouterr().out.split("\nreport: ")[0]
+  printed = printed[printed.index("### "):]
+  assert printed.strip() in (directory / report.REPORT).read_text()
+  return printed
+
+
+def _variant(printed: str, workers: int) -> str:
+  """The variant with a figure in the metric table's row of `workers`, other
+  than the baseline if there is one."""
+  held = [v for v, x in table(printed, "Test")[str(workers)].items() if x != "—"]
+  return ([v for v in held if v != baseline()] or held)[0]
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tmp_path_factory):
+  """The one-worker baseline's run directory and summary (each case copies it)."""
+  out = tmp_path_factory.mktemp("baseline") / f"{baseline()}-m1"
+  return out, _run(out, algorithm=baseline(), workers=1)
+
+
+@pytest.mark.parametrize("name", marks.default_only(list(ALGORITHMS), DEFAULT_ALGORITHMS))
+def test_every_algorithms_run_is_reported(name, baseline_run, tmp_path, capsys):
+  """Each registered algorithm's run beside the baseline's: the report's
+  tables hold its own numbers, a finite error and its degradation."""
+  d = tmp_path / "cmp"
+  base_dir, base = baseline_run
+  workers = 1 if one_worker(name) else 2
+  if name == baseline():
+    summary = base = _run(d / name, algorithm=name, workers=1)
+  else:
+    shutil.copytree(base_dir, d / base_dir.name)
+    summary = _run(d / name, algorithm=name, workers=workers)
+  printed = _reported(d, capsys)
+  variant = _variant(printed, workers)
+  assert variant.startswith(name)
+  assert_tables_hold(printed, variant, workers, summary, base)
+
+
+@pytest.mark.parametrize("engine", ENGINE_CASES)
+def test_a_run_on_every_engine_is_reported(engine, tmp_path, capsys):
+  """A run on each engine, of an algorithm it runs: the report names the
+  engine, and its time is the simulated one on a simulated engine, the
+  wall time otherwise."""
+  d = tmp_path / "cmp"
+  summary = _run(d / "run", algorithm=engine_variant(engine), workers=2, engine=engine)
+  assert ("simulated_time_s" in summary) == ENGINES.get(engine).simulated
+  printed = _reported(d, capsys)
+  assert f"on the {engine} engine." in (d / report.REPORT).read_text()
+  assert_tables_hold(printed, _variant(printed, 2), 2, summary)
+
+
+@pytest.mark.parametrize("task", task_names())
+def test_every_registered_tasks_runs_are_reported_in_its_metric(task, tmp_path, capsys):
+  """The baseline and a distributed algorithm on a registered task: the
+  report's tables are in the task's target metric, with its direction."""
+  d = tmp_path / "cmp"
+  flags = dict(dataset=f"task:{task}", model=RunConfig().model.model)
+  base = _run(d / "base", algorithm=baseline(), workers=1, **flags)
+  summary = _run(d / "run", algorithm=engine_variant(TINY["engine"]), workers=2, **flags)
+  printed = _reported(d, capsys)
+  metric = registered(task).target_metric
+  assert summary["target_metric"] == base["target_metric"] == metric
+  assert_tables_hold(printed, baseline(), 1, base, base)
+  assert_tables_hold(printed, _variant(printed, 2), 2, summary, base)

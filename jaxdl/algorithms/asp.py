@@ -212,4 +212,5 @@ STALENESS_DEFAULTS = dict(optim_defaults=staleness_defaults, optim_rule=STALENES
 ASP = AlgorithmSpec("asp", "asynchronous parameter server: every push applied on arrival",
                     Centralized, build_asp, **STALENESS_DEFAULTS)
 SSP = AlgorithmSpec("ssp", "stale synchronous parallel: asp with --staleness-bound",
-                    Centralized, build_ssp, SSPSettings, **STALENESS_DEFAULTS)
+                    Centralized, build_ssp, SSPSettings, **STALENESS_DEFAULTS,
+                    reduces_to=ASP.name)

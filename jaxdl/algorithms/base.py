@@ -300,7 +300,9 @@ class AlgorithmSpec:
   jaxdl.optim.with_defaults: a recipe that names an optimizer holds only
   for it), with `optim_rule` saying how, for `jaxdl list` and the docs.
   `server` says whether it keeps a parameter server that --servers shards
-  (unset: a centralized or elastic family does).
+  (unset: a centralized or elastic family does). `reduces_to` names the
+  algorithm whose run it is, bit for bit, when its staleness bound never
+  binds (ssp: asp): the report names the cells where that happened.
   The engines that can run it are those that declare its family.
 
   Attributes:
@@ -315,6 +317,8 @@ class AlgorithmSpec:
       optimizer fields (None: jaxdl.optim's defaults).
     optim_rule: how `optim_defaults` chooses, in words.
     server: whether --servers shards it (None: by its family).
+    reduces_to: the algorithm it runs as when its staleness bound never
+      binds (None: it has no such bound).
   """
   name: str
   doc: str
@@ -326,6 +330,7 @@ class AlgorithmSpec:
   optim_defaults: Callable[[int], dict] | None = None
   optim_rule: str = ""
   server: bool | None = None
+  reduces_to: str | None = None
 
   @property
   def has_server(self) -> bool:

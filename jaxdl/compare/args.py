@@ -11,12 +11,13 @@ import tyro
 
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS, Collective, settings_owners
+from jaxdl.build import TASK_FIELDS
 from jaxdl.cluster import EMULATED, MODELLED, is_profile
 from jaxdl.compare import sweep
 from jaxdl.compare.grid import (PER_CELL, Grid, Variant, algorithms_of, has_setting, one_worker,
                                 per_cell, section_fields)
 from jaxdl.compare.grids import DEFAULT_GRID, GRID_DOCS, GRIDS, load_experiment
-from jaxdl.config import field_owner
+from jaxdl.config import TASK_PREFIX, field_owner
 from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError, flag
 from jaxdl.validation import check_numbers
@@ -154,6 +155,10 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   if args.timing_networks is not None:
     grid = grid.replace(timing_networks=tuple(args.timing_networks))
   grid = grid.with_run(**run_flags) if run_flags else grid
+  if run_flags.get("dataset", "").startswith(TASK_PREFIX):
+    # a registered task brings its own data and model: the grid's give way
+    grid = grid.replace(run=tuple((k, v) for k, v in grid.run
+                                  if k not in TASK_FIELDS or k in run_flags))
   if is_profile(run_flags.get("cluster", "")) and "compute_time" not in run_flags:
     # a measured profile's compute time, not the default grid's
     grid = grid.replace(run=tuple((k, v) for k, v in grid.run if k != "compute_time"))

@@ -68,6 +68,12 @@ def one_worker(algorithm: str) -> bool:
   return algorithm in ALGORITHMS and ALGORITHMS.get(algorithm).max_workers == 1
 
 
+def baseline() -> str:
+  """The one-worker baseline that every table compares with: the first
+  registered algorithm that runs on one worker only (sgd)."""
+  return next(name for name in ALGORITHMS if one_worker(name))
+
+
 def takes(algorithm: str, field: str) -> bool:
   """Whether a variant of `algorithm` is swept over `field`: an algorithm's
   setting, where the algorithm has it; a run field, unless the algorithm is

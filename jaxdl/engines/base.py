@@ -63,6 +63,10 @@ class Engine(Protocol):
   simulated: ClassVar[bool]
   """Whether it runs a simulated schedule: --engine auto's choice for a dry
   run and a split of the global batch that changes."""
+  central_process: ClassVar[bool]
+  """Whether an asynchronous algorithm's parameter server or coordinator
+  runs in a process of its own, whose CPU seconds the summary reports
+  (central_cpu_s, machine_cpu_s): an engine `jaxdl calibrate` measures on."""
   own_fields: ClassVar[dict[str, str]]
   """The config fields that this engine alone reads, each with what it does:
   every other engine refuses them unless at their defaults
@@ -190,10 +194,12 @@ def setup_builder() -> Callable[..., Any]:
 
 class Declared:
   """An engine's declarations (`Engine`) where it makes none: its runs are
-  deterministic, it simulates nothing, it reads no field that other engines
-  do not, and it checks nothing of its own."""
+  deterministic, it simulates nothing, it runs no central process of its
+  own, it reads no field that other engines do not, and it checks nothing
+  of its own."""
   deterministic: ClassVar[bool] = True
   simulated: ClassVar[bool] = False
+  central_process: ClassVar[bool] = False
   own_fields: ClassVar[dict[str, str]] = {}
   placement: ClassVar[frozenset[str]] = frozenset()
 

@@ -172,6 +172,7 @@ class RayEngine(_RayRun):
   worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
   families = (Collective, Centralized, Elastic, Gossip, Decentralized)
   deterministic = False
+  central_process = True
   own_fields = {
       "ray_address": "the Ray cluster its processes run on",
       "pin_workers": "it pins each worker process to cores of its own",

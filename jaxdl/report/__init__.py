@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from jaxdl.errors import ConfigError  # noqa: F401  (a Report's refusal of a target)
 from jaxdl.report.cells import ACCURACY, CellResult, load
-from jaxdl.report.comparison import BASELINE, Comparison, metric_label
+from jaxdl.report.comparison import Comparison, metric_label
 from jaxdl.report.document import REPORT, Report, ReportArgs
 from jaxdl.report.prediction import prediction_note, prediction_table
 from jaxdl.report.tables import DIVERGED, WAIT_NOTE, Tables, degradation
 
-__all__ = ["ACCURACY", "BASELINE", "DIVERGED", "REPORT", "WAIT_NOTE", "CellResult",
+__all__ = ["ACCURACY", "DIVERGED", "REPORT", "WAIT_NOTE", "CellResult",
            "Comparison", "Report", "ReportArgs", "Tables", "degradation",
            "load", "metric_label", "prediction_note", "prediction_table"]

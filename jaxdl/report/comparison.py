@@ -7,10 +7,9 @@ import math
 import sys
 from pathlib import Path
 
+from jaxdl.compare.grid import baseline
 from jaxdl.report.cells import ACCURACY, CellResult, load
 from jaxdl.validation import check_target
-
-BASELINE = "sgd"
 
 
 def metric_label(metric: str) -> str:
@@ -20,7 +19,6 @@ def metric_label(metric: str) -> str:
 
 class Comparison:
   """The finished cells of one comparison directory."""
-  baseline_variant = BASELINE
 
   def __init__(self, directory: str | Path, target: float | None = None):
     self.directory = Path(directory)
@@ -55,9 +53,14 @@ class Comparison:
   def error_label(self) -> str:
     return "Test error %" if self.higher else metric_label(self.metric).capitalize()
 
+  @property
+  def baseline_variant(self) -> str:
+    """The variant of the one-worker baseline (jaxdl.compare.grid.baseline)."""
+    return baseline()
+
   def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
     pool = self.timing if timing else self.train
-    return next((c for c in pool if c.variant == BASELINE and c.workers == 1
+    return next((c for c in pool if c.variant == self.baseline_variant and c.workers == 1
                  and c.network == network), None)
 
   def _cell(self, variant: str, workers: int, network: str,

@@ -22,6 +22,7 @@ A diverged run (jaxdl.runner.divergence) has no figures: the tables say
 from __future__ import annotations
 
 from jaxdl import labels
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.plots import ratio
 from jaxdl.report.cells import CellResult
 from jaxdl.report.comparison import Comparison
@@ -52,6 +53,13 @@ def _variants(cells: list[CellResult]) -> list[str]:
 
 def _workers(cells: list[CellResult]) -> list[int]:
   return sorted({c.workers for c in cells})
+
+
+def _reduces_to(algorithm: str) -> str | None:
+  """The algorithm that `algorithm` runs as when its staleness bound never
+  binds (AlgorithmSpec.reduces_to); None for one without such a bound, or
+  not registered in this process."""
+  return ALGORITHMS.get(algorithm).reduces_to if algorithm in ALGORITHMS else None
 
 
 def degradation(error: float, base_error: float) -> float:
@@ -190,8 +198,10 @@ class Tables(Comparison):
                       f"time to {self.target:.2f} (s)", "cost"], rows)
 
   def staleness_notes(self, network: str) -> str:
-    """What the staleness column counts, and the SSP cells whose bound never
-    bound: no worker waited on it, or the parameters equal asp's bit for bit."""
+    """What the staleness column counts, and the cells whose staleness bound
+    never bound (those of an algorithm that declares what it then reduces
+    to, AlgorithmSpec.reduces_to: ssp's, asp): no worker waited on it, or
+    the parameters equal those of that algorithm's cell bit for bit."""
     cells = [c for c in self.train if c.network == network and not c.diverged]
     if not any(c.summary.get("staleness_mean") is not None for c in cells):
       return ""
@@ -201,17 +211,20 @@ class Tables(Comparison):
              "iteration c only once every worker has finished c − s, and waits until "
              "then; a bound that no worker reaches never binds."]
     for m in _workers(cells):
-      same, idle = [], []
-      for c in (c for c in cells if c.workers == m and c.algorithm == "ssp"):
-        asp = self._cell("asp" + (f"_{labels.ASYNC_BN}" if c.async_bn else ""), m, network)
+      same: dict[str, list[CellResult]] = {}
+      idle = []
+      for c in (c for c in cells if c.workers == m and _reduces_to(c.algorithm)):
+        unbound = _reduces_to(c.algorithm)
+        twin = self._cell(unbound + (f"_{labels.ASYNC_BN}" if c.async_bn else ""), m, network)
         fingerprint = c.summary.get("params_fingerprint")
-        if asp and not asp.diverged and fingerprint and \
-            asp.summary.get("params_fingerprint") == fingerprint:
-          same.append(c)
+        if twin and not twin.diverged and fingerprint and \
+            twin.summary.get("params_fingerprint") == fingerprint:
+          same.setdefault(unbound, []).append(c)
         elif c.summary.get("wait_s") is not None and not any(c.summary["wait_s"]):
           idle.append(c)
-      for group, why in ((same, "identical to asp (the same parameters fingerprint)"),
-                         (idle, "no worker ever waited on it")):
+      groups = [(group, f"identical to {unbound} (the same parameters fingerprint)")
+                for unbound, group in same.items()] + [(idle, "no worker ever waited on it")]
+      for group, why in groups:
         if group:
           lines.append(f"- {', '.join(c.variant for c in group)}: the staleness bound s "
                        f"never bound at {m} workers: {why}.")
