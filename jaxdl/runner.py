@@ -16,9 +16,10 @@ from jaxdl import distributed, rundir, trace
 from jaxdl.build import Setup, assemble, build_task, prepare, resolve_task
 from jaxdl.cadence import Cadence
 from jaxdl.checkpoint import Checkpointer, abstract, placed_like
-from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, recorded
+from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, TASK_PREFIX, RunConfig, recorded
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
+from jaxdl.engines.base import slice_of
 from jaxdl.engines.sim import compute_as_recorded
 from jaxdl.errors import ConfigError
 from jaxdl.fingerprint import fingerprint
@@ -26,7 +27,7 @@ from jaxdl.models import count_params
 from jaxdl.task import Task
 from jaxdl.validation import validate
 
-__all__ = ["Setup", "build_task", "prepare", "resolve_task", "run", "setup"]
+__all__ = ["Setup", "build_task", "prepare", "resolve_task", "run", "setup", "with_engine"]
 
 
 def default_out(config: RunConfig) -> Path:
@@ -53,13 +54,16 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
   Raises:
     ConfigError: the first field the validation refuses.
   """
-  return _with_engine(prepare(config, streams, task))
+  return with_engine(prepare(config, streams, task))
 
 
-def _with_engine(built: Setup) -> Setup:
-  """`built` with its engine."""
-  built.engine = ENGINES.get(built.engine_name)(built.algorithm, built.problem, built.streams,
-                                                built.config, built.total_steps)
+def with_engine(built: Setup) -> Setup:
+  """`built` with its engine, constructed with the slice of the config that
+  it declares (Engine.fields; its recipe carries a script's own task)."""
+  engine = ENGINES.get(built.engine_name)
+  task = built.task if built.config.data.dataset.startswith(TASK_PREFIX) else None
+  built.engine = engine(built.algorithm, built.problem, built.streams,
+                        slice_of(built.config, engine.fields, task), built.total_steps)
   return built
 
 
@@ -146,7 +150,7 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():
     rundir.check_output(out, config.output.resume, config.output.overwrite)
-  built = _with_engine(assemble(plan, task))
+  built = with_engine(assemble(plan, task))
   try:
     resume = config.output.resume
     resuming = resume and (out / rundir.CONFIG).exists()
@@ -217,7 +221,8 @@ class _Training:
   def __init__(self, setup: Setup, out: Path, resuming: bool):
     self.s, self.out = setup, out
     c = setup.config.train
-    self.cadence = Cadence.of(setup.config, setup.streams.steps_per_epoch, setup.total_steps)
+    self.cadence = Cadence.of(setup.config.train, setup.streams.steps_per_epoch,
+                              setup.total_steps)
     self.state = setup.engine.init(jax.random.fold_in(jax.random.key(c.seed), 0))
     self.ckpt = Checkpointer(out / rundir.CHECKPOINTS, c.keep_checkpoints)
     self.start, self.wall_offset = 0, 0.0
