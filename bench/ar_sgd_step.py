@@ -48,6 +48,7 @@ from jaxdl.config import RunConfig  # noqa: E402
 from jaxdl.data import ImageFields, WorkerStreams  # noqa: E402
 from jaxdl.data.sources import load_synthetic  # noqa: E402
 from jaxdl.engines import MeshEngine  # noqa: E402
+from jaxdl.engines.base import slice_of  # noqa: E402
 from jaxdl.models import MODELS, build_model, resolve_stem  # noqa: E402
 from jaxdl.optim import make_optimizer  # noqa: E402
 from jaxdl.task import classification
@@ -105,7 +106,8 @@ class JaxdlArm:
     streams = WorkerStreams(ImageFields(synthetic.train),
                             (batch // devices,) * devices, seed=SEED)
     ar_sgd = algorithms.build(ALGORITHMS.get("ar_sgd"), config.settings(), problem, devices)
-    self.engine = engine = MeshEngine(ar_sgd, problem, streams, config)
+    self.engine = engine = MeshEngine(ar_sgd, problem, streams,
+                                      slice_of(config, MeshEngine.fields))
     assert engine.mesh.devices.size == devices, engine.figures()
     self.state = engine.init(jax.random.key(SEED))
     put = lambda x: jax.device_put(x, engine.sharded)

@@ -20,7 +20,7 @@ import jaxdl
 from bench.timing import machine
 from jaxdl import calibrate, rundir
 from jaxdl.config import RunConfig
-from jaxdl.engines import ray_engine
+from jaxdl.engines import ray_driver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Args:
 
 
 def main(args: Args) -> None:
-  ray_engine.connect(None)
+  ray_driver.connect(None)
   print(f"machine: {machine()}")
   base = RunConfig.make(model=args.model, batch_size=args.batch_size, progress=False)
   with tempfile.TemporaryDirectory() as tmp:

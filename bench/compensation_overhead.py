@@ -35,6 +35,7 @@ from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.engines import SimEngine
+from jaxdl.engines.base import slice_of
 from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
 from jaxdl.task import classification
@@ -67,7 +68,8 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
   for arm, extra in ARMS.items():
     config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
     # as in a run of thousands of steps: a program per common signature of step
-    sim = SimEngine(_algorithm(config, problem), problem, streams, config, total, fused_steps=1)
+    sim = SimEngine(_algorithm(config, problem), problem, streams,
+                    slice_of(config, SimEngine.fields), total, fused_steps=1)
     arms[arm] = _sim_arm(sim, total)
     rounds[arm] = _server_round(sim, args.calls)
   times = interleaved(arms, args.steps, args.rounds, warmup=1)

@@ -61,9 +61,9 @@ def ray(args: Args) -> None:
   from jaxdl import trace
   from jaxdl.build import prepare
   from jaxdl.config import RunConfig
-  from jaxdl.engines import ray_engine
+  from jaxdl.engines import ray_driver
   from jaxdl.engines.sim import message_bytes
-  ray_engine.connect(None)
+  ray_driver.connect(None)
   print(f"{'algorithm':<10}{'settings':<58}{'bytes_total':>12}{'modelled':>12}{'ratio':>8}"
         f"{'replay':>8}")
   with tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,7 @@ import jaxdl
 from bench.timing import machine
 from jaxdl import trace
 from jaxdl.config import RunConfig
-from jaxdl.engines import ray_engine
+from jaxdl.engines import ray_driver
 from jaxdl.engines.events import EventPrograms, one_batch, take
 from jaxdl.runner import setup
 
@@ -54,7 +54,7 @@ class Args:
   against_inline_bytes: int | None = None
   """Also measure every run with Ray sending messages inside its calls only
   up to this many bytes (102400: Ray's own default; the engine's is
-  jaxdl.engines.ray_engine.INLINE_BYTES), in a second Ray instance, and
+  jaxdl.engines.ray_driver.INLINE_BYTES), in a second Ray instance, and
   print the samples/s ratios."""
   """Bare actor round trips timed for the baseline."""
 
@@ -122,7 +122,7 @@ def main(args: Args) -> None:
   if args.against_inline_bytes is None:
     return
   ray.shutdown()
-  inline, ray_engine.INLINE_BYTES = ray_engine.INLINE_BYTES, args.against_inline_bytes
+  inline, ray_driver.INLINE_BYTES = ray_driver.INLINE_BYTES, args.against_inline_bytes
   print(f"\nagainst messages inline up to {args.against_inline_bytes} bytes:")
   baseline = measure(args)
   print(f"\nsamples/s, inline up to {inline} bytes / up to "
@@ -135,7 +135,7 @@ def main(args: Args) -> None:
 
 def measure(args: Args) -> dict[str, dict[int, dict]]:
   """Every model's runs (their summaries), printed with their baseline."""
-  ray_engine.connect(None)
+  ray_driver.connect(None)
   everything = {}
   with tempfile.TemporaryDirectory() as tmp:
     for model in args.models:

@@ -27,6 +27,7 @@ from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.data.sources import ArraySplit
 from jaxdl.engines import MeshEngine, SimEngine
+from jaxdl.engines.base import slice_of
 from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
 from jaxdl.task import classification
@@ -69,12 +70,14 @@ def bench_case(case: str, args: Args) -> float:
   for batching in args.batchings:
     # each common signature of step one program, as in a run of thousands of steps
     # (runner.FUSED_STEPS), compiled before the clock starts (_sim_arm)
-    sim = SimEngine(asp, problem, streams, config, total, batching=batching, fused_steps=1)
+    sim = SimEngine(asp, problem, streams, slice_of(config, SimEngine.fields), total,
+                    batching=batching, fused_steps=1)
     arms[f"sim asp, {workers} workers, {batching} ({sim.batching})"] = _sim_arm(sim, total)
 
   one = RunConfig.make(model=name, lr=0.01, momentum=0.0, schedule="constant", batch_size=batch)
   sgd = algorithms.build(ALGORITHMS.get("sgd"), one.settings(), problem, 1)
-  single = MeshEngine(sgd, problem, WorkerStreams(ImageFields(split), (batch,), 0), one)
+  single = MeshEngine(sgd, problem, WorkerStreams(ImageFields(split), (batch,), 0),
+                      slice_of(one, MeshEngine.fields))
   single_state = [single.init(jax.random.key(0))]
   images, labels = split.gather(np.arange(batch))
   put = lambda x: jax.device_put(x, single.sharded)

@@ -49,6 +49,7 @@ def run_case(algorithm: str, workers: int, steps: int) -> dict:
   from jaxdl.data import ImageFields, WorkerStreams
   from jaxdl.data.sources import ArraySplit
   from jaxdl.engines import SimEngine
+  from jaxdl.engines.base import slice_of
   from jaxdl.models import build_model
   from jaxdl.optim import make_optimizer
   from jaxdl.task import classification
@@ -66,7 +67,7 @@ def run_case(algorithm: str, workers: int, steps: int) -> dict:
   spec = ALGORITHMS.get(algorithm)
   built = algorithms.build(spec, config.settings(), problem, workers)
   streams = WorkerStreams(ImageFields(split), (batch,) * workers, 0)
-  sim = SimEngine(built, problem, streams, config, 2 * steps)
+  sim = SimEngine(built, problem, streams, slice_of(config, SimEngine.fields), 2 * steps)
   rss_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   setup_mb = rss_mb()
   state = sim.init(jax.random.key(0))

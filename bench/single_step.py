@@ -32,6 +32,7 @@ from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.data.sources import load_synthetic
 from jaxdl.engines import MeshEngine
+from jaxdl.engines.base import slice_of
 from jaxdl.models import MODELS, build_model, resolve_stem
 from jaxdl.optim import make_optimizer
 from jaxdl.task import classification
@@ -98,7 +99,7 @@ def jaxdl_step(algorithm: str, name: str, image_shape, batch: int, dtype: str,
   synthetic = load_synthetic(image_shape, 10, train_size=batch, test_size=1)
   streams = WorkerStreams(ImageFields(synthetic.train), (batch,), seed=0)
   engine = MeshEngine(algorithms.build(ALGORITHMS.get(algorithm), config.settings(), problem,
-                                       1), problem, streams, config)
+                                       1), problem, streams, slice_of(config, MeshEngine.fields))
   state = [engine.init(jax.random.key(0))]
   put = lambda x: jax.device_put(x, engine.sharded)
   jaxdl_batch = Batch({"image": put(images), "label": put(labels)},

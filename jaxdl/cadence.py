@@ -4,8 +4,7 @@ gather that state only at the steps the runner reads it)."""
 from __future__ import annotations
 
 import dataclasses
-
-from jaxdl.config import RunConfig
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,10 +17,12 @@ class Cadence:
   checkpoint_every: int
 
   @classmethod
-  def of(cls, config: RunConfig, steps_per_epoch: int, total_steps: int) -> Cadence:
-    c = config.train
-    return cls(total_steps, c.log_every, c.eval_every or steps_per_epoch,
-               c.checkpoint_every or steps_per_epoch)
+  def of(cls, fields: Any, steps_per_epoch: int, total_steps: int) -> Cadence:
+    """The cadence of a run's log_every, eval_every and checkpoint_every
+    (`fields`: the config's train section, or an engine's slice of the
+    config that holds them)."""
+    return cls(total_steps, fields.log_every, fields.eval_every or steps_per_epoch,
+               fields.checkpoint_every or steps_per_epoch)
 
   def evaluates(self, done: int) -> bool:
     return done % self.eval_every == 0 or done == self.total_steps

@@ -16,17 +16,19 @@ from jaxdl import distributed, rundir, trace
 from jaxdl.build import Setup, assemble, build_task, prepare, resolve_task
 from jaxdl.cadence import Cadence
 from jaxdl.checkpoint import Checkpointer, abstract, placed_like
-from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, RunConfig, recorded
+from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, TASK_PREFIX, RunConfig, recorded
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
+from jaxdl.engines.base import slice_of
 from jaxdl.engines.sim import compute_as_recorded
 from jaxdl.errors import ConfigError
+from jaxdl.evaluation import Evaluator
 from jaxdl.fingerprint import fingerprint
 from jaxdl.models import count_params
 from jaxdl.task import Task
 from jaxdl.validation import validate
 
-__all__ = ["Setup", "build_task", "prepare", "resolve_task", "run", "setup"]
+__all__ = ["Setup", "build_task", "prepare", "resolve_task", "run", "setup", "with_engine"]
 
 
 def default_out(config: RunConfig) -> Path:
@@ -53,13 +55,16 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
   Raises:
     ConfigError: the first field the validation refuses.
   """
-  return _with_engine(prepare(config, streams, task))
+  return with_engine(prepare(config, streams, task))
 
 
-def _with_engine(built: Setup) -> Setup:
-  """`built` with its engine."""
-  built.engine = ENGINES.get(built.engine_name)(built.algorithm, built.problem, built.streams,
-                                                built.config, built.total_steps)
+def with_engine(built: Setup) -> Setup:
+  """`built` with its engine, constructed with the slice of the config that
+  it declares (Engine.fields; its recipe carries a script's own task)."""
+  engine = ENGINES.get(built.engine_name)
+  task = built.task if built.config.data.dataset.startswith(TASK_PREFIX) else None
+  built.engine = engine(built.algorithm, built.problem, built.streams,
+                        slice_of(built.config, engine.fields, task), built.total_steps)
   return built
 
 
@@ -69,45 +74,6 @@ def _check_resumable(out: Path, config: RunConfig) -> None:
     if field not in RUN_CONTROL_FIELDS and stored.get(field) != value:
       raise ConfigError(field, value, f"{stored.get(field)!r}, as in the run being "
                         "resumed (use another --out for a different run)")
-
-
-class Evaluator:
-  """The task's evaluation on its test data, in batches of up to `batch_size`
-  examples (the last one smaller), averaged over examples: ``test_<metric>``."""
-
-  def __init__(self, task: Task, batch_size: int = 1000):
-    self._task, self._fn = task, jax.jit(task.evaluation)
-    self._size = len(task.test) if task.test is not None else 0
-    self._batch_size = min(batch_size, self._size)
-    self._cached: list | None = None
-
-  def _batches(self):
-    if self._cached is not None:
-      yield from self._cached
-      return
-    batches, nbytes = [], 0
-    for start in range(0, self._size, self._batch_size):
-      batch = self._task.test.gather(np.arange(start, min(start + self._batch_size,
-                                                          self._size)))
-      nbytes += sum(v.nbytes for v in batch.values())
-      batches.append(batch)
-      yield batch
-    if nbytes <= 256 * 2**20:  # small test sets stay in memory
-      self._cached = batches
-
-  def __call__(self, params, model_state) -> dict[str, float]:
-    if not self._size:
-      return {}
-    # Each batch's means weighed by its rows, summed where they are computed:
-    # one fetch at the end, not one per batch.
-    weighted = [jax.tree.map(lambda v, n=len(next(iter(batch.values()))): v * n,
-                             self._fn(params, model_state, batch))
-                for batch in self._batches()]
-    sums = jax.device_get(jax.tree.map(lambda *v: sum(v), *weighted))
-    means = {k: float(v) / self._size for k, v in sums.items()}
-    if self._task.derived is not None:
-      means.update(self._task.derived(means))
-    return {f"test_{k}": v for k, v in means.items()}
 
 
 def run(config: RunConfig | None = None, *, task: Task | None = None,
@@ -146,7 +112,7 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
   out = Path(config.output.out) if config.output.out else default_out(config)
   if distributed.is_main():
     rundir.check_output(out, config.output.resume, config.output.overwrite)
-  built = _with_engine(assemble(plan, task))
+  built = with_engine(assemble(plan, task))
   try:
     resume = config.output.resume
     resuming = resume and (out / rundir.CONFIG).exists()
@@ -217,7 +183,8 @@ class _Training:
   def __init__(self, setup: Setup, out: Path, resuming: bool):
     self.s, self.out = setup, out
     c = setup.config.train
-    self.cadence = Cadence.of(setup.config, setup.streams.steps_per_epoch, setup.total_steps)
+    self.cadence = Cadence.of(setup.config.train, setup.streams.steps_per_epoch,
+                              setup.total_steps)
     self.state = setup.engine.init(jax.random.fold_in(jax.random.key(c.seed), 0))
     self.ckpt = Checkpointer(out / rundir.CHECKPOINTS, c.keep_checkpoints)
     self.start, self.wall_offset = 0, 0.0

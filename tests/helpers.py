@@ -14,9 +14,8 @@ import optax
 from jaxdl import algorithms
 from jaxdl.config import RunConfig
 from jaxdl.data import Streams, WorkerStreams, load_dataset
-from jaxdl.engines import ENGINES
 from jaxdl.models import build_model
-from jaxdl.runner import Setup, prepare, setup
+from jaxdl.runner import Setup, prepare, setup, with_engine
 
 DIGITS = load_dataset("digits")
 
@@ -117,8 +116,7 @@ def frozen_layer_engine(config: RunConfig, layer: str = FIRST_LAYER, total_steps
   problem = dataclasses.replace(built.problem, optimizer=optimizer)
   algorithm = algorithms.build(built.spec, built.config.settings(), problem,
                                built.config.algorithm.workers)
-  return ENGINES.get(built.engine_name)(algorithm, problem, built.streams, built.config,
-                                        built.total_steps)
+  return with_engine(dataclasses.replace(built, algorithm=algorithm, problem=problem)).engine
 
 
 def frozen_part(params, layer: str = FIRST_LAYER) -> np.ndarray:

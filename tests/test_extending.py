@@ -5,8 +5,9 @@ registry-driven test with no other edit.
 The package holds the README's own examples (the algorithm asp_clip, of an
 existing family with a setting and its range; the engine vmap) and a task,
 each registered by one line; the suite's registry-driven tests (common,
-families, settings ranges, list, help, compare, report, tasks) then run in a
-fresh process, and must generate and pass cases for each of the three.
+families, settings ranges, list, help, compare, report, tasks, an engine's
+reads) then run in a fresh process, and must generate and pass cases for
+each of the three.
 """
 import os
 import re
@@ -44,7 +45,7 @@ TASKS.register("toy_sum")(make_task)
 SUITE = ["tests/algorithms/test_common.py", "tests/algorithms/test_families.py",
          "tests/algorithms/test_setting_ranges.py", "tests/algorithms/test_defaults.py",
          "tests/test_cli.py", "tests/test_compare.py", "tests/test_report.py",
-         "tests/test_task.py"]
+         "tests/test_task.py", "tests/engines/test_base.py"]
 """The registry-driven tests: each generates its cases from the registries."""
 EXPECTED = {
     "algorithm": r"test_common\.py::\S+\[asp_clip-sim\]",
@@ -52,6 +53,7 @@ EXPECTED = {
     "its family's invariants": r"test_families\.py::\S+\[asp_clip",
     "its real engine": r"test_common\.py::\S+\[asp_clip-ray\]",
     "engine": r"test_common\.py::\S+\[ar_sgd-vmap\]",
+    "its declared reads": r"test_base\.py::\S+\[vmap\]",
     "task": r"test_task\.py::\S+\[toy_sum\]",
     "the algorithm compared and swept": r"test_compare\.py::\S+\[asp_clip\]",
     "the algorithm's run reported": r"test_report\.py::\S+\[asp_clip\]",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from jaxdl.algorithms import AlgorithmSpec
 from jaxdl.config import RunConfig
+from jaxdl.engines import base
 from jaxdl.engines.base import Engine
 from jaxdl.engines.mesh import MeshEngine
 from jaxdl.engines.ray_engine import RayEngine
@@ -52,7 +53,8 @@ def choose(spec: AlgorithmSpec, config: RunConfig) -> str:
 def check(name: str, config: RunConfig, spec: AlgorithmSpec) -> None:
   """Refuses every field of `config` that the engine `name` cannot run with
   the algorithm `spec`: each other engine's own fields (Engine.own_fields;
-  a replay keeps those that place processes), then the engine's own checks."""
+  a replay keeps those that place processes), then the engine's own checks
+  of its slice of the config."""
   engine, flat, defaults = ENGINES.get(name), config.flat(), RunConfig().flat()
   for other in ENGINES:
     owner = ENGINES.get(other)
@@ -63,7 +65,7 @@ def check(name: str, config: RunConfig, spec: AlgorithmSpec) -> None:
       default = "left unset" if defaults[field] is None else f"its default ({defaults[field]!r})"
       raise ConfigError(field, flat[field], f"{default} with --engine {name}: it is --engine "
                         f"{other}'s ({what})")
-  engine.check(config, spec)
+  engine.check(base.slice_of(config, engine.fields), spec)
 
 
 __all__ = ["ENGINES", "Engine", "MeshEngine", "RayEngine", "SimEngine", "check", "choose",

@@ -2,15 +2,18 @@
 
 An engine decides when and where an algorithm's pure functions run. The
 runner knows engines only through `Engine`; an engine class declares the
-algorithm families it runs (`families`) and is registered once in
-`jaxdl.engines`.
+algorithm families it runs (`families`) and the config fields it reads
+(`fields`, of which it receives the `slice_of` the run's config), and is
+registered once in `jaxdl.engines`.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import socket
 import time
-from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, TypeVar, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +23,10 @@ from jaxdl.algorithms import AlgorithmSpec, Collective, Problem, Family
 from jaxdl.algorithms.ar_sgd import allreduce_bytes
 from jaxdl.algorithms.base import models_given
 from jaxdl.algorithms.families import has_server
-from jaxdl.config import ClusterConfig, RunConfig
+from jaxdl.config import ClusterConfig, RunConfig, field_owner
 from jaxdl.data import Streams
 from jaxdl.errors import ConfigError
+from jaxdl.partition import Policy
 from jaxdl import trace
 from jaxdl.trace import Event
 
@@ -33,19 +37,19 @@ Metrics = dict[str, jax.Array]
 class Engine(Protocol):
   """What the runner calls.
 
-  Constructed as ``Engine(algorithm, problem, streams, config, total_steps)``:
+  Constructed as ``Engine(algorithm, problem, streams, fields, total_steps)``:
   the algorithm's built family record, the model and update rule, every worker's data
-  stream, the run's config and the number of training steps. A step is one
-  global batch of samples (jaxdl.trace): one round of all workers for a
-  collective algorithm; for an asynchronous one, the updates of whichever
-  workers process that many.
+  stream, the slice of the run's config that it reads and the number of
+  training steps. A step is one global batch of samples (jaxdl.trace): one
+  round of all workers for a collective algorithm; for an asynchronous one,
+  the updates of whichever workers process that many.
 
   Args (of the constructor):
     algorithm: the family record of pure functions to run (jaxdl.algorithms.families).
     problem: the task and the optax rule (jaxdl.algorithms.Problem).
     streams: every worker's batches (jaxdl.data.Streams).
-    config: the run's validated RunConfig, of which it reads the fields it
-      declares (`own_fields`, and those its `check` conditions).
+    fields: the slice of the run's validated config that it declares
+      (`slice_of(config, cls.fields)`): all of the config it reads.
     total_steps: how many steps the run takes.
 
   The rules every engine of asynchronous algorithms follows (the sim
@@ -57,6 +61,11 @@ class Engine(Protocol):
   name: ClassVar[str]
   families: ClassVar[tuple[type, ...]]
   """The algorithm families (jaxdl.algorithms.families) this engine runs."""
+  fields: ClassVar[type]
+  """The config fields it reads (in its constructor, its processes and its
+  `check`): a frozen dataclass whose fields are config fields, by their
+  flat names and with their types (`reads`); one named `recipe` holds the
+  run's `Recipe`, for processes that rebuild the run."""
   deterministic: ClassVar[bool]
   """Whether two runs of one config give the same bits (a real engine's
   order of events is the machine's: its trace replays on the sim)."""
@@ -76,9 +85,10 @@ class Engine(Protocol):
   is: a replay of its trace on another engine keeps them."""
 
   @classmethod
-  def check(cls, config: RunConfig, spec: AlgorithmSpec) -> None:
-    """Refuses (a ConfigError) the fields of `config` this engine cannot run
-    with the algorithm `spec`, beyond other engines' own fields."""
+  def check(cls, fields: Any, spec: AlgorithmSpec) -> None:
+    """Refuses (a ConfigError) the fields of its slice of the config
+    (`fields`) that this engine cannot run with the algorithm `spec`,
+    beyond other engines' own fields."""
 
   def init(self, key: jax.Array) -> Any:
     """The state of the whole run at step 0 (a pytree that checkpoints)."""
@@ -131,41 +141,50 @@ def slowed(computed: float, modelled: float | None) -> float:
   return computed
 
 
-def split_workers(config: RunConfig) -> bool:
+def split_workers(fields) -> bool:
   """Whether a synchronous algorithm's workers on a real engine each run
   their own program on their own share of the batch (jaxdl.engines.split):
   its split changes (--partition), the workers are slowed for real
-  (--compute-time), or they have devices of their own (--worker-devices)."""
-  c = config.cluster
-  return (c.partition != "static" or c.compute_time is not None
-          or config.distributed.worker_devices is not None)
+  (--compute-time), or they have devices of their own (--worker-devices).
+  `fields`: an engine's slice of the config that holds these three."""
+  return (fields.partition != "static" or fields.compute_time is not None
+          or fields.worker_devices is not None)
 
 
-def check_reduce(config: RunConfig, spec: AlgorithmSpec, own_programs: bool) -> None:
+def partition_policy(fields) -> Policy:
+  """The partition policy of the global batch (validated: Policy.of) that an
+  engine's slice of the config holds: its partition, rebalance_every and
+  rebalance_window."""
+  return Policy(fields.partition, fields.rebalance_every, fields.rebalance_window)
+
+
+def check_reduce(fields, spec: AlgorithmSpec, own_programs: bool) -> None:
   """--reduce device: only where each worker runs its own program
   (`own_programs`: the engine can, `split_workers`: the config asks it)."""
-  if config.distributed.reduce != "host" and not (
-      own_programs and spec.family is Collective and split_workers(config)):
-    raise ConfigError("reduce", config.distributed.reduce, "host, unless each worker runs "
+  if fields.reduce != "host" and not (
+      own_programs and spec.family is Collective and split_workers(fields)):
+    raise ConfigError("reduce", fields.reduce, "host, unless each worker runs "
                       "its own program: a synchronous algorithm on an engine of real devices "
                       "with --partition proportional or adaptive, --compute-time or "
                       "--worker-devices")
 
 
-def check_emulation(engine: type, config: RunConfig) -> None:
+def check_emulation(engine: type, fields) -> None:
   """On a real engine without --compute-time, the workers run at their own
   speed: the settings that vary an emulated batch time are refused, and so
-  are --worker-speeds that would not even split the batch (--batch-sizes)."""
-  if config.cluster.compute_time is not None:
+  are --worker-speeds that would not even split the batch (--batch-sizes).
+  `fields`: the engine's slice of the config, with cluster.EMULATED's
+  fields, worker_speeds and batch_sizes."""
+  if fields.compute_time is not None:
     return
   for field in (f for f in cluster.EMULATED if f != "compute_time"):
-    value, default = getattr(config.cluster, field), getattr(ClusterConfig, field)
+    value, default = getattr(fields, field), getattr(ClusterConfig, field)
     if value != default:
       raise ConfigError(field, value, f"its default ({default!r}) with --engine "
                         f"{engine.name} unless --compute-time is set (the emulated batch time "
                         "it varies)")
-  speeds = config.cluster.worker_speeds
-  if speeds is not None and config.data.batch_sizes is not None:
+  speeds = fields.worker_speeds
+  if speeds is not None and fields.batch_sizes is not None:
     raise ConfigError("worker_speeds", speeds, f"unset with --batch-sizes on --engine "
                       f"{engine.name} unless --compute-time is set: real workers run at their "
                       "own speed, which the speeds slow to an emulated compute time (without "
@@ -180,7 +199,7 @@ def set_setup_builder(build: Callable[..., Any]) -> None:
   ``build(config, task=None) -> Setup``: jaxdl.build.prepare, which sits above
   the engines (its validation asks them) and registers itself when imported.
   An engine whose processes each build the run (the ray engine's actors)
-  calls it through `setup_builder`."""
+  calls it through `Recipe.rebuild`."""
   _SETUP_BUILDER[:] = [build]
 
 
@@ -192,20 +211,72 @@ def setup_builder() -> Callable[..., Any]:
   return _SETUP_BUILDER[0]
 
 
+RECIPE = "recipe"
+"""The name of the field of an engine's slice that holds the run's Recipe."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """How a process of a real engine rebuilds the run: the validated config,
+  as JSON, and a script's own task (None: the config's dataset and model).
+  The engine hands it to its processes unread; each rebuilds the run's
+  setup from it (`rebuild`), as the driver built its own."""
+  config_json: str
+  task: Any = None
+
+  def rebuild(self):
+    """The run's Setup, its engine None, built in this process
+    (`setup_builder`: jaxdl.build.prepare)."""
+    config = RunConfig.from_dict(json.loads(self.config_json))
+    return setup_builder()(config, task=self.task)
+
+
+Slice = TypeVar("Slice")
+
+
+def slice_of(config: RunConfig, fields: type[Slice], task: Any = None) -> Slice:
+  """The slice of the validated `config` that an engine reads: its
+  declaration `fields` (Engine.fields) holding the config's values, field
+  by flat name; a field named `recipe` holds the run's Recipe (of `config`
+  and a script's own `task`). A TypeError for a declared name that is not
+  a config field."""
+  owner = field_owner()
+  values = {}
+  for field in dataclasses.fields(fields):
+    if field.name == RECIPE:
+      values[RECIPE] = Recipe(config.to_json(), task)
+    elif field.name in owner:
+      values[field.name] = getattr(getattr(config, owner[field.name]), field.name)
+    else:
+      raise TypeError(f"{fields.__name__}.{field.name}: not a config field")
+  return fields(**values)
+
+
+def reads(engine: type) -> tuple[str, ...]:
+  """The config fields (flat names) that `engine` reads: those it declares."""
+  return tuple(f.name for f in dataclasses.fields(engine.fields) if f.name != RECIPE)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoFields:
+  """The slice of the config of an engine that reads none of it."""
+
+
 class Declared:
   """An engine's declarations (`Engine`) where it makes none: its runs are
   deterministic, it simulates nothing, it runs no central process of its
-  own, it reads no field that other engines do not, and it checks nothing
-  of its own."""
+  own, it reads no config field, none that other engines do not, and it
+  checks nothing of its own."""
   deterministic: ClassVar[bool] = True
   simulated: ClassVar[bool] = False
   central_process: ClassVar[bool] = False
+  fields: ClassVar[type] = NoFields
   own_fields: ClassVar[dict[str, str]] = {}
   placement: ClassVar[frozenset[str]] = frozenset()
 
   @classmethod
-  def check(cls, config: RunConfig, spec: AlgorithmSpec) -> None:
-    del config, spec
+  def check(cls, fields: Any, spec: AlgorithmSpec) -> None:
+    del fields, spec
 
 
 class LocalProcess(Declared):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import time
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
 from jaxdl.engines import base
 from jaxdl.engines.base import split_workers
-from jaxdl.engines.split import MeshSplit
+from jaxdl.engines.split import MeshSplit, SplitFields
 from jaxdl.errors import ConfigError
 from jaxdl.parallel.pipeline import STAGE_AXIS, bubble_fraction, stage_seconds
 from jaxdl.parallel.tensor import TENSOR_AXIS, dim_spec, indivisible, leaf_dims
@@ -75,10 +76,24 @@ class MeshState(NamedTuple):
   workers: Any     # every worker's algorithm state, in rows (see MeshEngine)
 
 
+@dataclasses.dataclass(frozen=True)
+class MeshFields(SplitFields):
+  """The config fields the mesh engine reads: a real engine's (its split
+  workers', SplitFields), --workers and --sync-bn (checked against a model
+  over several devices) and that model's layout."""
+  workers: int
+  sync_bn: bool
+  parallelism: str
+  stages: int
+  microbatches: int
+  tensor_parallel: int
+
+
 class MeshEngine(base.LocalProcess):
   """Runs a collective algorithm's step for all workers as one SPMD program."""
   name = "mesh"
   families = (Collective,)
+  fields = MeshFields
   own_fields = {
       "worker_devices": "it places each synchronous worker on a device of this process",
       "parallelism": "a worker's model over several devices: its stages or its layers' splits",
@@ -86,13 +101,13 @@ class MeshEngine(base.LocalProcess):
   placement = frozenset({"worker_devices"})
 
   @classmethod
-  def check(cls, config, spec) -> None:
-    base.check_emulation(cls, config)
-    base.check_reduce(config, spec, own_programs=True)
-    if config.distributed.worker_devices is not None:  # each names a device of this process
-      distributed.worker_devices(config.distributed.worker_devices, config.algorithm.workers)
-    parallelism = config.model.parallelism
-    if parallelism != "data" and (split_workers(config) or config.algorithm.sync_bn):
+  def check(cls, fields: MeshFields, spec) -> None:
+    base.check_emulation(cls, fields)
+    base.check_reduce(fields, spec, own_programs=True)
+    if fields.worker_devices is not None:  # each names a device of this process
+      distributed.worker_devices(fields.worker_devices, fields.workers)
+    parallelism = fields.parallelism
+    if parallelism != "data" and (split_workers(fields) or fields.sync_bn):
       raise ConfigError("parallelism", parallelism, "data with --partition, --compute-time, "
                         "--worker-devices or --sync-bn (a model over several devices is one "
                         "SPMD program)")
@@ -101,15 +116,17 @@ class MeshEngine(base.LocalProcess):
   # flight can deadlock forced CPU devices and gloo processes (JAX-NOTES).
   MAX_IN_FLIGHT = 4
 
-  def __new__(cls, algorithm: Collective, problem: Problem, streams: Streams, config=None,
-              *args, **kwargs):
-    if config is not None and split_workers(config):
+  def __new__(cls, algorithm: Collective, problem: Problem, streams: Streams,
+              fields: MeshFields | None = None, *args, **kwargs):
+    if fields is not None and split_workers(fields):
       # each worker its own program, on its own share and device (jaxdl.engines.split)
-      return MeshSplit(algorithm, problem, streams, config, *args, **kwargs)
+      return MeshSplit(algorithm, problem, streams, fields, *args, **kwargs)
     return super().__new__(cls)
 
-  def __init__(self, algorithm: Collective, problem: Problem, streams: Streams, config,
-               total_steps: int | None = None):
+  def __init__(self, algorithm: Collective, problem: Problem, streams: Streams,
+               fields: MeshFields | None = None, total_steps: int | None = None):
+    """`fields` None: each worker's model on one device (--parallelism data),
+    the step one SPMD program (another engine's layout of the workers)."""
     del total_steps  # a step is a step: nothing to plan ahead
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = m = streams.num_workers
@@ -117,10 +134,10 @@ class MeshEngine(base.LocalProcess):
     # --parallelism pipeline: each worker's model over a row of p devices
     # (jaxdl.parallel.pipeline), one worker per row; --parallelism tensor: each
     # worker's weights sharded over a row of k devices (jaxdl.parallel.tensor)
-    parallelism = config.model.parallelism if config is not None else "data"
-    self.stages = p = config.model.stages if parallelism == "pipeline" else 1
-    self.microbatches = config.model.microbatches if p > 1 else 1
-    self.tensor = k = config.model.tensor_parallel if parallelism == "tensor" else 1
+    parallelism = fields.parallelism if fields is not None else "data"
+    self.stages = p = fields.stages if parallelism == "pipeline" else 1
+    self.microbatches = fields.microbatches if p > 1 else 1
+    self.tensor = k = fields.tensor_parallel if parallelism == "tensor" else 1
     row = max(p, k)  # a worker's devices
     d = m if row > 1 else device_count_for(m, len(devices))
     second = (STAGE_AXIS,) if p > 1 else (TENSOR_AXIS,) if k > 1 else ()
@@ -155,11 +172,11 @@ class MeshEngine(base.LocalProcess):
         self._worker_shapes)
     self._shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self._specs)
     if k > 1:  # split leaves along the tensor axis too (XLA partitions the step's math)
-      wrong = indivisible(config.model.model, params, k)
+      wrong = indivisible(fields.model, params, k)
       if wrong:
         raise ConfigError("tensor_parallel", k, f"a divisor of every sharded dimension of "
-                          f"{config.model.model}'s layers: {wrong}")
-      dims = leaf_dims(config.model.model, params, self._worker_shapes)
+                          f"{fields.model}'s layers: {wrong}")
+      dims = leaf_dims(fields.model, params, self._worker_shapes)
       self._shardings = jax.tree.map(
           lambda d: NamedSharding(self.mesh, in_rows(dim_spec(d))), dims)
     self._local_shapes = jax.tree.map(  # a device's block of a worker's leaves

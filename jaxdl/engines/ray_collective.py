@@ -15,7 +15,6 @@ import numpy as np
 from jaxdl.distributed import host_copy
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.mesh import MeshEngine
-from jaxdl.engines.ray_process import prepared
 from jaxdl.engines.split import SplitWorker
 
 
@@ -25,8 +24,10 @@ class Process:
   mesh engine's step (the algorithm's own, its collectives across the
   processes) in step with the others."""
 
-  def __init__(self, config, task, index: int, count: int):
-    self.config, self.task, self.index, self.count = config, task, index, count
+  def __init__(self, fields, index: int, count: int):
+    """`fields`: the engine's slice of the config (RayFields), whose recipe
+    it rebuilds the run from once it has joined the others."""
+    self.fields, self.index, self.count = fields, index, count
 
   def identity(self) -> dict[str, Any]:
     return process_identity(f"worker {self.index}")
@@ -44,8 +45,9 @@ class Process:
     jax.distributed.initialize(address, num_processes=self.count, process_id=self.index,
                                initialization_timeout=max(1, round(timeout_s)),
                                coordinator_bind_address=address if self.index == 0 else None)
-    built = prepared(self.config, self.task)
-    self.engine = MeshEngine(built.algorithm, built.problem, built.streams, self.config)
+    built = self.fields.recipe.rebuild()
+    # (the workers' models each on one device: the ray engine splits none)
+    self.engine = MeshEngine(built.algorithm, built.problem, built.streams)
 
   def init(self, key_data: np.ndarray) -> None:
     """The state at step 0, from the run's key; and the step compiled and run
@@ -78,15 +80,16 @@ class Process:
 
 class SplitProcess(SplitWorker):
   """A `SplitWorker` as a process of its own (--engine ray): it builds its
-  algorithm and data stream from the config, and meets the other workers'
-  collectives at the run's exchange actor, found by its name."""
+  algorithm and data stream from the recipe of its slice of the config
+  (`fields`), and meets the other workers' collectives at the run's
+  exchange actor, found by its name."""
 
-  def __init__(self, config, task, worker: int, exchange: str):
+  def __init__(self, fields, worker: int, exchange: str):
     import ray
-    built = prepared(config, task)
+    built = fields.recipe.rebuild()
     actor = ray.get_actor(exchange)
     meet = lambda op, key, w, leaves: ray.get(actor.collective.remote(op, key, w, leaves))
-    super().__init__(config, built.algorithm, built.problem, built.streams, worker, meet)
+    super().__init__(fields, built.algorithm, built.problem, built.streams, worker, meet)
 
   def identity(self) -> dict[str, Any]:
     return process_identity(f"worker {self.w}")

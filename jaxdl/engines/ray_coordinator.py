@@ -30,8 +30,8 @@ class Coordinator(Ledger):
   the worker deposits when it asks for that event (or stops).
   """
 
-  def __init__(self, config, task, observed: list[int]):
-    super().__init__(config, task, observed)
+  def __init__(self, fields, observed: list[int]):
+    super().__init__(fields, observed)
     self.owed: list[list[int]] = [[] for _ in range(self.m)]  # cuts a worker still owes
     self.partner: dict[int, int] = {}  # AD-PSGD's pairs, both ways; a donor: itself
     self.undelivered: set[tuple[int, int]] = set()  # GoSGD's messages: (sender, step)

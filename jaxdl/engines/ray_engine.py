@@ -18,17 +18,15 @@ own share, their collectives meeting at one actor (`RaySplit`).
 A local Ray instance listens on the loopback address only, starts no
 dashboard, and its processes end with the driver's however it ends;
 `--ray-address HOST:PORT` joins a running cluster instead, with Ray's token
-authentication on (`jaxdl.engines.ray_cluster`).
+authentication on (`jaxdl.engines.ray_driver`, `ray_cluster`). The actors
+get the engine's slice of the config, and rebuild the run from its recipe.
 """
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
-import sys
 import time
 import uuid
-import warnings
 from typing import Any
 
 import jax
@@ -40,12 +38,13 @@ from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, G
 from jaxdl.algorithms.families import has_server
 from jaxdl.cadence import Cadence
 from jaxdl.data import Streams
-from jaxdl.engines import base, ray_cluster
+from jaxdl.engines import base
 from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.host_axis import Exchange
 from jaxdl.engines.mesh import MeshEngine
 from jaxdl.engines.ray_collective import Process, SplitProcess
 from jaxdl.engines.ray_coordinator import Coordinator
+from jaxdl.engines.ray_driver import RayFields, RayRun
 from jaxdl.engines.ray_peers import Peer
 from jaxdl.engines.ray_server import Server, Worker
 from jaxdl.engines.ray_shards import Shard, ShardedServer, ShardedWorker
@@ -60,110 +59,8 @@ where it reads the state): a call per step took about a third of a core."""
 RESTART_TIMEOUT_S = 120.0
 """Seconds a restarting worker may take to start again."""
 
-INLINE_BYTES = 1 << 20
-"""A local instance sends a message of up to this many bytes inside the call
-(a small model's parameters), not through its shared-memory object store:
-about 1.6x the samples per second for the mlp and the cnn (BENCHMARKS.md)."""
 
-LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-"""Ray's switch that makes a local instance bind to 127.0.0.1 only (its
-node address is then the loopback address), on Linux too."""
-
-
-def connect(address: str | None) -> bool:
-  """Connects this process to Ray: the cluster at `address` (with Ray's
-  token authentication on unless RAY_AUTH_MODE says otherwise), or a new
-  local instance on the loopback address, whose processes end with this
-  one. True if this call started Ray (the engine then shuts it down)."""
-  if address is not None:
-    ray_cluster.check_address(address)
-  loopback = address is None or address.rpartition(":")[0] in ("localhost", "127.0.0.1")
-  if loopback:  # Ray would otherwise resolve the loopback address to the host's
-    os.environ.setdefault(LOOPBACK_ONLY, "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
-  import ray
-  if ray.is_initialized():
-    return False
-  if loopback:
-    from ray._private import ray_constants  # read when ray is imported: set it again
-    ray_constants.ENABLE_RAY_CLUSTER = os.environ[LOOPBACK_ONLY] not in ("0", "false")
-  watchdog = ray_cluster.Watchdog() if address is None else None
-  try:
-    with warnings.catch_warnings():
-      # Ray starts its processes with subprocess (fork, then exec at once):
-      # JAX's warning about forking a multithreaded process does not apply.
-      warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
-      local = {} if address else {"num_cpus": os.cpu_count(), "_system_config": {
-          "max_direct_call_object_size": INLINE_BYTES}}
-      ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
-               log_to_driver=True, **local)
-  except (ConnectionError, RuntimeError, ValueError) as e:
-    if watchdog is not None:
-      watchdog.stop()
-    raise ConfigError("ray_address", address,
-                      f"{ray_cluster.ADDRESS_HELP}, or unset for a local one ({e})") from None
-  if watchdog is not None:
-    watchdog.started()
-  return True
-
-
-def shutdown() -> None:
-  """Shuts down Ray in this process (a local instance: every process of it)."""
-  import ray
-  ray.shutdown()
-  if ray_cluster.Watchdog.active is not None:
-    ray_cluster.Watchdog.active.stop()
-
-
-def _by_value(task) -> None:
-  """Sends the code of a script's task with it: the actors need not be able
-  to import the module that defines its functions (a script, a test)."""
-  from ray import cloudpickle
-  values = [getattr(task, f.name) for f in dataclasses.fields(task)]
-  values += [getattr(v, "fn", None) for v in values]  # FunctionData's function
-  modules = {getattr(v, "__module__", None) for v in values if callable(v)}
-  for name in modules - {None, "__main__"}:
-    if name.split(".")[0] != "jaxdl" and name in sys.modules:
-      cloudpickle.register_pickle_by_value(sys.modules[name])
-
-
-class _RayRun(base.LocalProcess):
-  """What every ray run has: the connection to Ray, the task sent to the
-  actors, the actors (`server`, `workers`) and their end."""
-  name = "ray"
-
-  def __init__(self, algorithm: Family, problem: Problem, streams: Streams, config):
-    import ray
-    self.algorithm, self.problem, self.streams = algorithm, problem, streams
-    self.num_workers = streams.num_workers
-    # A script's own task travels to the actors once; a zoo task is rebuilt there.
-    self.task = problem.task if config.data.dataset.startswith("task:") else None
-    if self.task is not None:
-      _by_value(self.task)
-    self.started = connect(config.distributed.ray_address)
-    self._ray = ray
-    self.server, self.workers, self.shards = None, [], []
-
-  def jitted_functions(self) -> list:
-    return []
-
-  def processes(self) -> list[dict[str, Any]]:
-    actors = [a for a in [self.server, *self.shards, *self.workers] if a is not None]
-    return [base.process_identity("driver")] + self._ray.get(
-        [a.identity.remote() for a in actors])
-
-  def close(self) -> None:
-    """Stops every actor (and a local Ray instance this engine started)."""
-    ray = self._ray
-    for actor in [self.server, *self.shards, *(self.workers or [])]:
-      if actor is not None:
-        ray.kill(actor)
-    self.server, self.workers, self.shards = None, None, []
-    if self.started and ray.is_initialized():
-      shutdown()
-
-
-class RayEngine(_RayRun):
+class RayEngine(RayRun):
   """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
   a parameter server that keeps every worker's state (centralized; with
   --servers k, split over k shard actors besides), or a
@@ -180,33 +77,33 @@ class RayEngine(_RayRun):
   placement = frozenset({"pin_workers"})
 
   @classmethod
-  def check(cls, config, spec) -> None:
-    servers = config.cluster.servers
+  def check(cls, fields: RayFields, spec) -> None:
+    servers = fields.servers
     if servers != 1 and spec.family is not Centralized:
       raise ConfigError("servers", servers, f"1 with --engine {cls.name} for {spec.name}, "
                         "whose center is one actor (a parameter server's splits: "
                         f"{names_of(Centralized)})")
-    base.check_emulation(cls, config)
-    base.check_reduce(config, spec, own_programs=True)
+    base.check_emulation(cls, fields)
+    base.check_reduce(fields, spec, own_programs=True)
 
-  def __new__(cls, algorithm: Family, problem: Problem, streams: Streams, config, *args,
-              **kwargs):
+  def __new__(cls, algorithm: Family, problem: Problem, streams: Streams, fields: RayFields,
+              *args, **kwargs):
     if isinstance(algorithm, Collective):
-      run = RaySplit if base.split_workers(config) else RayCollective
-      return run(algorithm, problem, streams, config, *args, **kwargs)
+      run = RaySplit if base.split_workers(fields) else RayCollective
+      return run(algorithm, problem, streams, fields, *args, **kwargs)
     return super().__new__(cls)
 
   def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
-               config, total_steps: int):
-    k = config.cluster.servers
+               fields: RayFields, total_steps: int):
+    k = fields.servers
     check_servers(algorithm, k)  # before Ray starts
-    super().__init__(algorithm, problem, streams, config)
+    super().__init__(algorithm, problem, streams, fields)
     ray = self._ray
     # Ray restarts a worker whose process died (ray_server, ray_peers: what it rejoins with).
     self.centralized = isinstance(algorithm, Centralized)
     concurrency = max(64, 4 * self.num_workers)
     # The state travels to the driver only at the steps the runner reads it.
-    cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+    cadence = Cadence.of(fields, streams.steps_per_epoch, total_steps)
     observed = [s for s in range(total_steps) if cadence.observes(s + 1)]
     self.observed, self.total_steps = observed, total_steps
     self.ended = {}  # the steps ended, fetched but not yet taken
@@ -220,11 +117,11 @@ class RayEngine(_RayRun):
       args = ([f"{name}-shard-{s}" for s in range(k)],)
       central, worker = ShardedServer, ShardedWorker
       self.shards = [ray.remote(num_cpus=0, max_restarts=0)(Shard).options(
-          name=args[0][s]).remote(config, self.task, s) for s in range(k)]
+          name=args[0][s]).remote(fields, s) for s in range(k)]
     self.server = ray.remote(num_cpus=0, max_restarts=0)(central).options(
-        name=name, max_concurrency=concurrency).remote(config, self.task, observed, *args)
+        name=name, max_concurrency=concurrency).remote(fields, observed, *args)
     self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(worker).options(
-        **options).remote(config, self.task, w, name, *args) for w in range(self.num_workers)]
+        **options).remote(fields, w, name, *args) for w in range(self.num_workers)]
     self.restarts = [0] * self.num_workers
     self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
     self.started_workers = False
@@ -364,7 +261,7 @@ class RayEngine(_RayRun):
     return jax.device_get(self.algorithm.evaluated(workers))
 
 
-class RayCollective(_RayRun):
+class RayCollective(RayRun):
   """A collective algorithm (bsp, ar_sgd, local_sgd) on M processes that
   jax.distributed joins, one device and one worker each (`ray_collective.Process`):
   each runs the mesh engine's step, the algorithm's collectives across the
@@ -382,18 +279,17 @@ class RayCollective(_RayRun):
   families = (Collective,)
 
   def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
-               config, total_steps: int):
-    super().__init__(algorithm, problem, streams, config)
+               fields: RayFields, total_steps: int):
+    super().__init__(algorithm, problem, streams, fields)
     ray, m = self._ray, self.num_workers
     env = {"XLA_FLAGS": one_device(os.environ.get("XLA_FLAGS", ""))}
     self.workers = [ray.remote(num_cpus=0, max_restarts=0)(Process).options(
-        runtime_env={"env_vars": env}).remote(config, self.task, w, m) for w in range(m)]
+        runtime_env={"env_vars": env}).remote(fields, w, m) for w in range(m)]
     address = ray.get(self.workers[0].address.remote())
-    ray.get([p.join.remote(address, config.distributed.coordinator_timeout)
-             for p in self.workers])
-    self.cadence = Cadence.of(config, streams.steps_per_epoch, total_steps)
+    ray.get([p.join.remote(address, fields.coordinator_timeout) for p in self.workers])
+    self.cadence = Cadence.of(fields, streams.steps_per_epoch, total_steps)
     self.total_steps = total_steps
-    self.layout = MeshEngine(algorithm, problem, streams, config)  # rows, evaluation
+    self.layout = MeshEngine(algorithm, problem, streams)  # rows, evaluation
     self.events: list[trace.Event] = []
     self.begun, self.clock = False, 0.0  # the steps' seconds so far
 
@@ -439,24 +335,24 @@ class RayCollective(_RayRun):
     return self.layout.evaluated(state)
 
 
-class RaySplit(SplitRun, _RayRun):
+class RaySplit(SplitRun, RayRun):
   """The ray engine's form of `jaxdl.engines.split.SplitRun`: the M workers
   are processes (`ray_collective.SplitProcess`), their collectives meeting at an
   `Exchange` actor that sums in host memory or on a device (--reduce; on a
   GPU when the cluster has one)."""
 
   def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
-               config, total_steps: int):
-    super().__init__(algorithm, problem, streams, config)
+               fields: RayFields, total_steps: int):
+    super().__init__(algorithm, problem, streams, fields)
     ray, m = self._ray, self.num_workers
     name = f"jaxdl-exchange-{uuid.uuid4().hex}"
-    reduce = config.distributed.reduce
+    reduce = fields.reduce
     gpus = 1 if reduce == "device" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
     self.server = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=0)(Exchange).options(
         name=name, max_concurrency=max(64, 4 * m)).remote(m, reduce)
-    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(SplitProcess).remote(
-        config, self.task, w, name) for w in range(m)]
-    self._begin_split(config, total_steps, reduce)
+    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(SplitProcess).remote(fields, w, name)
+                    for w in range(m)]
+    self._begin_split(fields, total_steps)
 
   def _all(self, method: str, *args) -> list:
     return self._wait([getattr(w, method).remote(*args) for w in self.workers])

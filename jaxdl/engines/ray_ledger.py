@@ -21,7 +21,6 @@ import numpy as np
 
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, initial_state, stack, take
-from jaxdl.engines.ray_process import prepared
 from jaxdl.trace import Event
 
 
@@ -43,14 +42,15 @@ class Ledger:
   the workers' clocks (updates so far); the budget of samples, and where each
   step ends (jaxdl.trace); each step's metric means."""
 
-  def __init__(self, config, task, observed: list[int]):
-    """`observed`: the steps at whose end the driver reads the state (the
-    runner's log, evaluation and checkpoint steps); at others it gets the
-    metrics alone."""
-    built = prepared(config, task)
+  def __init__(self, fields, observed: list[int]):
+    """`fields`: the engine's slice of the config (RayFields), whose recipe
+    it rebuilds the run from. `observed`: the steps at whose end the driver
+    reads the state (the runner's log, evaluation and checkpoint steps); at
+    others it gets the metrics alone."""
+    built = fields.recipe.rebuild()
     self.observed = set(observed)
     self.algorithm, self.streams = built.algorithm, built.streams
-    self.programs = EventPrograms(self.algorithm, self.streams, config.cluster.servers)
+    self.programs = EventPrograms(self.algorithm, self.streams, fields.servers)
     self.m, self.total = self.streams.num_workers, built.total_steps
     self.batch_sizes, self.global_batch = built.streams.batch_sizes, built.global_batch
     self.clocks = [0] * self.m

@@ -23,7 +23,7 @@ from jaxdl.algorithms import Elastic, Gossip
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, one_batch, state_shapes
 from jaxdl.engines.ray_messages import packed, unpacked_tree, wire_bytes
-from jaxdl.engines.ray_process import emulated, padded, pin, prepared
+from jaxdl.engines.ray_process import emulated, padded, pin
 
 
 def _received_shapes(programs: EventPrograms) -> dict[str, Any]:
@@ -46,16 +46,16 @@ class Peer:
   gradient's compute, padded to the modelled time with --compute-time,
   holds the lock as a slow device's would."""
 
-  def __init__(self, config, task, worker: int, coordinator: str):
+  def __init__(self, fields, worker: int, coordinator: str):
     import ray
-    pin(config, worker)
-    built = prepared(config, task)
+    pin(fields, worker)
+    built = fields.recipe.rebuild()
     # the coordinator by name: Ray can restart this actor (see ray_server.Worker)
     self.w, self.coordinator, self.streams = worker, ray.get_actor(coordinator), built.streams
-    self.algorithm, self.seed = built.algorithm, config.train.seed
+    self.algorithm, self.seed = built.algorithm, fields.seed
     self.programs = EventPrograms(built.algorithm, built.streams)
     self.like = _received_shapes(self.programs)
-    self.cost = emulated(config, built)
+    self.cost = emulated(fields, built)
     self.lock = threading.Lock()
     self.state, self.incarnation = None, 0  # no model until `run` gives it one
 

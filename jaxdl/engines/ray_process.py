@@ -1,10 +1,12 @@
 """What each ray actor does for its own process, whatever its role.
 
-An actor builds its own algorithm, model and data stream from the run's
-config (and a script's task, sent once when the actor starts): `prepared`.
-A worker may put its threads on one core (--pin-workers: `pin`). With
---compute-time every worker emulates a device of the simulator's cost model:
-it sleeps until each iteration's compute has taken the modelled time
+An actor gets the ray engine's slice of the config (`RayFields`), and
+builds its own algorithm, model and data stream from the run's recipe
+there (the config and a script's task, sent once when the actor starts:
+`fields.recipe.rebuild()`). A worker may put its threads on one core
+(--pin-workers: `pin`). With --compute-time every worker emulates a device
+of the simulator's cost model: it sleeps until each iteration's compute
+has taken the modelled time
 (`jaxdl.cluster.CostModel.compute_time(worker, iteration)`: --worker-speeds,
 --jitter, stragglers; the sim engine's draws), if its real compute took
 less (`emulated`, `padded`). The trace's compute durations are those padded
@@ -15,25 +17,17 @@ from __future__ import annotations
 import os
 import time
 
-from jaxdl.engines import base
 from jaxdl.engines.base import slowed
 from jaxdl.engines.sim import cost_model
 
 
-def prepared(config, task):
-  """The run an actor's process builds for itself from the config (and a
-  script's task): its algorithm, problem, data streams and budget (the
-  `Setup` of `base.setup_builder()`, jaxdl.build.prepare, which sits above
-  the engines: its validation asks them)."""
-  return base.setup_builder()(config, task=task)
-
-
-def emulated(config, built):
-  """The cost model whose compute times a worker emulates (--compute-time),
-  or None: it runs at its own speed."""
-  if config.cluster.compute_time is None:
+def emulated(fields, built):
+  """The cost model whose compute times a worker emulates (--compute-time;
+  `fields`: the engine's slice of the config), or None: it runs at its own
+  speed. `built`: the run the worker rebuilt."""
+  if fields.compute_time is None:
     return None
-  return cost_model(config, built.problem, built.streams)
+  return cost_model(fields, built.problem, built.streams)
 
 
 def padded(cost, w: int, c: int, started: float) -> float:
@@ -43,10 +37,11 @@ def padded(cost, w: int, c: int, started: float) -> float:
   return slowed(time.perf_counter() - started, None if cost is None else cost.compute_time(w, c))
 
 
-def pin(config, worker: int) -> None:
-  """With --pin-workers, puts every thread of this process (those XLA starts
-  later too) on one core: worker w's, w mod the cores it may use (Linux)."""
-  if not config.distributed.pin_workers or not hasattr(os, "sched_setaffinity"):
+def pin(fields, worker: int) -> None:
+  """With --pin-workers (`fields`: the engine's slice of the config), puts
+  every thread of this process (those XLA starts later too) on one core:
+  worker w's, w mod the cores it may use (Linux)."""
+  if not fields.pin_workers or not hasattr(os, "sched_setaffinity"):
     return
   cores = sorted(os.sched_getaffinity(0))
   core = {cores[worker % len(cores)]}

@@ -24,7 +24,7 @@ from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, one_batch
 from jaxdl.engines.ray_ledger import Ledger
 from jaxdl.engines.ray_messages import packed, unpacked, wire_bytes
-from jaxdl.engines.ray_process import emulated, padded, pin, prepared
+from jaxdl.engines.ray_process import emulated, padded, pin
 
 
 def _with(state, indices: Sequence[int], leaves: Sequence):
@@ -49,8 +49,8 @@ class Server(Ledger):
   as they were after its last push applied, and deposits them when the
   reply to its next push (or its last) asks."""
 
-  def __init__(self, config, task, observed: list[int]):
-    super().__init__(config, task, observed)
+  def __init__(self, fields, observed: list[int]):
+    super().__init__(fields, observed)
     self.bound = self.algorithm.staleness_bound
     self.version = 0
     # a worker's process holds the server's copy of its state: from the
@@ -193,15 +193,15 @@ class Worker:
   """A worker: pulls, computes on what it pulled (padded to the modelled
   time, with --compute-time), pushes; until the server says the run is over."""
 
-  def __init__(self, config, task, worker: int, server: str):
+  def __init__(self, fields, worker: int, server: str):
     import ray
-    pin(config, worker)
-    built = prepared(config, task)
+    pin(fields, worker)
+    built = fields.recipe.rebuild()
     # the server by name: Ray cannot restart an actor whose constructor was
     # given an actor handle (it keeps such arguments in the object store)
     self.w, self.server, self.streams = worker, ray.get_actor(server), built.streams
-    self.programs = EventPrograms(built.algorithm, built.streams, config.cluster.servers)
-    self.cost = emulated(config, built)
+    self.programs = EventPrograms(built.algorithm, built.streams, fields.servers)
+    self.cost = emulated(fields, built)
     self.template = None  # set by warm_up
 
   def identity(self) -> dict[str, Any]:

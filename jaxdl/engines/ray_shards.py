@@ -17,7 +17,6 @@ import numpy as np
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.events import EventPrograms, one_batch
 from jaxdl.engines.ray_messages import packed, unpacked, wire_bytes
-from jaxdl.engines.ray_process import prepared
 from jaxdl.engines.ray_server import Server, Worker
 
 
@@ -30,9 +29,9 @@ class ShardedServer(Server):
   deposits its push at each shard before asking for it to be applied, so
   an applied push is never one the shards lack."""
 
-  def __init__(self, config, task, observed: list[int], shards: list[str]):
+  def __init__(self, fields, observed: list[int], shards: list[str]):
     import ray
-    super().__init__(config, task, observed)
+    super().__init__(fields, observed)
     self.shards = [ray.get_actor(name) for name in shards]
     self.partition = self.programs.partition
     self.seq = 0
@@ -93,9 +92,9 @@ class Shard:
   (`EventPrograms.shards[s]`) in the order of their sequence numbers, as the
   `ShardedServer` grants them."""
 
-  def __init__(self, config, task, s: int):
-    built = prepared(config, task)
-    programs = EventPrograms(built.algorithm, built.streams, config.cluster.servers)
+  def __init__(self, fields, s: int):
+    built = fields.recipe.rebuild()
+    programs = EventPrograms(built.algorithm, built.streams, fields.servers)
     self.s, self.programs = s, programs.shards[s]
     self.own = programs.partition.worker_leaves(s)
     self.next, self.changed, self.error = 0, asyncio.Condition(), None
@@ -171,9 +170,9 @@ class ShardedWorker(Worker):
   every shard, and deposits its push's there before asking the server to
   apply it."""
 
-  def __init__(self, config, task, worker: int, server: str, shards: list[str]):
+  def __init__(self, fields, worker: int, server: str, shards: list[str]):
     import ray
-    super().__init__(config, task, worker, server)
+    super().__init__(fields, worker, server)
     self.shards = [ray.get_actor(name) for name in shards]
     self.own = [self.programs.partition.worker_leaves(s) for s in range(len(shards))]
 

@@ -19,6 +19,7 @@ process (`MeshSplit`), or the ray engine's processes
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import time
 from typing import Any, Callable
@@ -32,13 +33,31 @@ from jaxdl.cadence import Cadence
 from jaxdl.engines import base
 from jaxdl.engines.events import initial_state, stack, take
 from jaxdl.engines.host_axis import Exchange, HostAxis, unmet
-from jaxdl.engines.sim import cost_model
+from jaxdl.engines.sim import CostFields, cost_model
 from jaxdl.errors import ConfigError
-from jaxdl.partition import Partitioner, Partitions, Policy
+from jaxdl.partition import Partitioner, Partitions
 
 PAD_TO = 8
 """A worker's batch is padded to a multiple of this (weight 0), so that
 small changes of its size reuse one compiled step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFields(CostFields):
+  """The config fields that a real engine (mesh, ray) reads to split a
+  synchronous algorithm's workers (base.split_workers), to check and
+  emulate their compute times (base.check_emulation: the cost model's
+  fields) and to run them (`SplitWorker`, `SplitRun`): where their
+  collectives sum, the partition policy, the runner's cadence."""
+  batch_sizes: tuple[int, ...] | None
+  reduce: str
+  worker_devices: tuple[str, ...] | None
+  partition: str
+  rebalance_every: int
+  rebalance_window: int
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
 
 
 def padded_size(b: int) -> int:
@@ -47,12 +66,12 @@ def padded_size(b: int) -> int:
 
 
 class SplitWorker:
-  """Worker `worker` of a synchronous algorithm (built from `config`, with
-  `problem`'s model and every worker's `streams`), running its step as a
-  program of its own on its share of each global batch (padded to a
-  multiple of PAD_TO), on `device` (None: the default one). `meet(op, key,
-  worker, leaves)` takes its part of a collective to the exchange and
-  returns the result (jaxdl.engines.host_axis.HostAxis).
+  """Worker `worker` of a synchronous algorithm (its engine's slice of the
+  config `fields`, `problem`'s model and every worker's `streams`), running
+  its step as a program of its own on its share of each global batch
+  (padded to a multiple of PAD_TO), on `device` (None: the default one).
+  `meet(op, key, worker, leaves)` takes its part of a collective to the
+  exchange and returns the result (jaxdl.engines.host_axis.HostAxis).
 
   With --compute-time it is slowed for real: before the step's first
   collective (or at its end, if it has none), it sleeps until its batch has
@@ -61,13 +80,13 @@ class SplitWorker:
   compute took less; its batch is then late at the exchange, as a slow
   device's would be."""
 
-  def __init__(self, config, algorithm, problem, streams, worker: int, meet: Callable,
-               device=None):
+  def __init__(self, fields: SplitFields, algorithm, problem, streams, worker: int,
+               meet: Callable, device=None):
     self.w, self.streams, self.algorithm = worker, streams, algorithm
     self.m = streams.num_workers
     self.static = streams.batch_sizes[worker]  # the size the modelled times are for
-    self.cost = (None if config.cluster.compute_time is None else
-                 cost_model(config, problem, streams))
+    self.cost = (None if fields.compute_time is None else
+                 cost_model(fields, problem, streams))
     self.meet, self.device = meet, device
     axis = HostAxis(self.m, worker, self)
     self.jitted = jax.jit(lambda state, batch, t: self.algorithm.step(
@@ -191,11 +210,11 @@ class SplitRun:
   worker order) and `_reduce_seconds()`."""
   families = (Collective,)
 
-  def _begin_split(self, config, total_steps: int, reduce: str) -> None:
-    self.reduce, self.total_steps = reduce, total_steps
-    self.partitioner = Partitioner(Policy.of(config), self.streams.batch_sizes)
+  def _begin_split(self, fields: SplitFields, total_steps: int) -> None:
+    self.reduce, self.total_steps = fields.reduce, total_steps
+    self.partitioner = Partitioner(base.partition_policy(fields), self.streams.batch_sizes)
     self.changes: list[tuple[int, tuple[int, ...]]] = []
-    self.cadence = Cadence.of(config, self.streams.steps_per_epoch, total_steps)
+    self.cadence = Cadence.of(fields, self.streams.steps_per_epoch, total_steps)
     self.events: list[trace.Event] = []
     self.seconds: list[list[float]] = [[] for _ in range(self.num_workers)]
     self.begun, self.clock = False, 0.0  # the steps' seconds so far, readying excluded
@@ -310,18 +329,17 @@ class MeshSplit(SplitRun, base.LocalProcess):
   collectives meeting at one `Exchange` in memory (--reduce)."""
   name = "mesh"
 
-  def __init__(self, algorithm, problem, streams, config, total_steps: int):
+  def __init__(self, algorithm, problem, streams, fields: SplitFields, total_steps: int):
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = m = streams.num_workers
-    reduce = config.distributed.reduce
-    self.exchange = Exchange(m, reduce)
-    devices = distributed.worker_devices(config.distributed.worker_devices, m)
+    self.exchange = Exchange(m, fields.reduce)
+    devices = distributed.worker_devices(fields.worker_devices, m)
     _check_cpu_threads(devices)
-    self.workers = [SplitWorker(config, algorithm, problem, streams, w,
+    self.workers = [SplitWorker(fields, algorithm, problem, streams, w,
                                 self.exchange.collective, devices[w]) for w in range(m)]
     self.devices = len(set(devices))
     self.pool = concurrent.futures.ThreadPoolExecutor(m, thread_name_prefix="jaxdl-worker")
-    self._begin_split(config, total_steps, reduce)
+    self._begin_split(fields, total_steps)
 
   def _all(self, method: str, *args) -> list:
     return self._results([self.pool.submit(getattr(w, method), *args) for w in self.workers])

@@ -19,7 +19,7 @@ from tests import marks
 # the others with the slow end-to-end cases.
 CASES = [(name, engine) if ENGINES.get(engine).deterministic or name == "asp"
          else marks.slow(name, engine)
-         for name in ALGORITHMS for engine in engines_for(ALGORITHMS.get(name).shape)]
+         for name in ALGORITHMS for engine in engines_for(ALGORITHMS.get(name).family)]
 STEPS = 30
 
 

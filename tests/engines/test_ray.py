@@ -22,7 +22,7 @@ import jaxdl
 from jaxdl import trace
 from jaxdl.build import prepare
 from jaxdl.config import RunConfig
-from jaxdl.engines import ray_engine
+from jaxdl.engines import ray_driver
 from jaxdl.engines.sim import message_bytes
 from jaxdl.errors import ConfigError
 from jaxdl.validation import validate
@@ -41,7 +41,7 @@ def ray_instance():
   env = {"RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": temp}
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
-  ray_engine.connect(None)
+  ray_driver.connect(None)
   yield ray
   ray.shutdown()
   for k, v in saved.items():
@@ -435,7 +435,7 @@ def test_no_actor_outlives_its_run(ray_instance, tmp_path):
 
 LOCAL = """
 import os, sys, psutil
-from jaxdl.engines.ray_engine import connect
+from jaxdl.engines.ray_driver import connect
 import ray
 assert connect(None)
 me = psutil.Process()
@@ -475,7 +475,7 @@ def test_ray_refuses_what_it_cannot_run():
     with pytest.raises(ConfigError, match=f"--ray-address='{address}' is not valid: the "
                        r"address HOST:PORT of a running Ray cluster \(`ray start --head`\)"
                        + why):
-      ray_engine.connect(address)
+      ray_driver.connect(address)
 
 
 def _free_port() -> int:
@@ -736,12 +736,14 @@ def test_a_cut_handed_to_a_process_that_died_is_given_its_restart_model():
 
   import jax
 
+  from jaxdl.engines.base import slice_of
   from jaxdl.engines.events import take
   from jaxdl.engines.ray_coordinator import Coordinator
+  from jaxdl.engines.ray_driver import RayFields
 
   async def scenario():
     config = RunConfig.make(algorithm="easgd", workers=2, **dict(RUN, steps=4))
-    coordinator = Coordinator(config, None, observed=[0])
+    coordinator = Coordinator(slice_of(config, RayFields), observed=[0])
     _, workers, _ = coordinator.initialize(np.asarray(jax.random.key_data(jax.random.key(0))))
     coordinator.begin(None, 0)
     for w in (0, 1):  # step 0 ends: each worker owes its model there

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jaxdl.engines import ray_cluster, ray_engine
+from jaxdl.engines import ray_cluster, ray_driver
 from jaxdl.errors import ConfigError
 from tests import marks
 from tests.helpers import jaxdl_command
@@ -213,7 +213,7 @@ def silent_server():
 def test_an_address_that_answers_but_is_not_a_ray_cluster_is_refused_at_once(silent_server):
   start = time.monotonic()
   with pytest.raises(ConfigError) as refused:
-    ray_engine.connect(silent_server)  # Ray itself would retry for minutes, printing
+    ray_driver.connect(silent_server)  # Ray itself would retry for minutes, printing
   assert str(refused.value) == (
       f"--ray-address='{silent_server}' is not valid: the address HOST:PORT of a running Ray "
       "cluster (`ray start --head`); what answers there is not one (it does not speak gRPC, "

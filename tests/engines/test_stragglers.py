@@ -15,7 +15,8 @@ import jaxdl
 from jaxdl import compare, trace
 from jaxdl.build import prepare
 from jaxdl.config import RunConfig
-from jaxdl.engines.sim import cost_model
+from jaxdl.engines.base import slice_of
+from jaxdl.engines.sim import CostFields, cost_model
 from tests.engines.test_ray import _replayed, ray_instance  # noqa: F401 (a fixture)
 from tests.marks import default_first
 
@@ -38,7 +39,7 @@ def _events(out) -> list[trace.Event]:
 def _modelled(config: RunConfig):
   """The simulator's compute_time(worker, iteration) for `config`."""
   built = prepare(config)
-  return cost_model(config, built.problem, built.streams).compute_time
+  return cost_model(slice_of(config, CostFields), built.problem, built.streams).compute_time
 
 
 def _since_last_own(events, kind: str) -> dict[tuple[int, int], tuple[float, float]]:

@@ -39,7 +39,7 @@ from jaxdl.engines.sim.handlers import CHUNK_ROWS, handlers
 from jaxdl.engines.sim.runner import (FUSED_STEPS, OpRunner, choose_batching, fusable, metric_names,
                                       trace_gradient)
 from jaxdl.errors import ConfigError
-from jaxdl.partition import Partitioner, Partitions, Policy
+from jaxdl.partition import Partitioner, Partitions
 
 
 class SimState(NamedTuple):
@@ -56,29 +56,60 @@ def flops_per_batch(problem: Problem, streams: Streams) -> float:
   return float(traced.lower().cost_analysis()["flops"])
 
 
-def cost_model(config, problem: Problem, streams: Streams) -> cluster.CostModel:
-  """The simulated cluster that `config` describes, for this model and data."""
-  c = config.cluster
+@dataclasses.dataclass(frozen=True)
+class CostFields:
+  """The config fields that describe the simulated cluster (`cost_model`):
+  the sim engine's, and a real engine's that emulates its compute times
+  (--compute-time)."""
+  worker_speeds: tuple[float, ...] | None
+  servers: int
+  cluster: str
+  network: str
+  latency: float
+  compute_time: float | None
+  jitter: float
+  straggler_prob: float
+  straggler_slowdown: float
+  seed: int
+  model: str  # (and dataset: those a measured profile must be of)
+  dataset: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SimFields(CostFields):
+  """The config fields the sim engine reads: its cost model's, the split
+  of the global batch, a replay or a dry run, --reduce (refused)."""
+  partition: str
+  rebalance_every: int
+  rebalance_window: int
+  replay: str | None
+  dry_run: bool
+  reduce: str
+
+
+def cost_model(fields: CostFields, problem: Problem, streams: Streams) -> cluster.CostModel:
+  """The simulated cluster that `fields` (an engine's slice of the config)
+  describes, for this model and data."""
   m = streams.num_workers
   mean_batch = np.mean(streams.batch_sizes)
   # A worker's time grows with its batch and shrinks with its speed.
-  speeds = tuple((c.worker_speeds or (1.0,) * m)[w] * mean_batch / b
+  speeds = tuple((fields.worker_speeds or (1.0,) * m)[w] * mean_batch / b
                  for w, b in enumerate(streams.batch_sizes))
-  common = dict(servers=c.servers, speeds=speeds, jitter=c.jitter,
-                straggler_prob=c.straggler_prob, straggler_slowdown=c.straggler_slowdown,
-                seed=config.train.seed,
+  common = dict(servers=fields.servers, speeds=speeds, jitter=fields.jitter,
+                straggler_prob=fields.straggler_prob, straggler_slowdown=fields.straggler_slowdown,
+                seed=fields.seed,
                 message_bytes=problem.message_bytes() if problem.compresses else None,
                 reply_bytes=problem.pull_bytes() if problem.compresses_pull else None)
-  if cluster.is_profile(c.cluster):
+  if cluster.is_profile(fields.cluster):
     return cluster.CostModel(m, model_bytes=problem.model_bytes(),
-                             **measured_costs(config, mean_batch), **common)
-  count, profile = cluster.parse_cluster(c.cluster)
+                             **measured_costs(fields, mean_batch), **common)
+  count, profile = cluster.parse_cluster(fields.cluster)
   if count is not None and count != m:
-    raise ConfigError("cluster", c.cluster, f"a count equal to --workers {m}, or none")
-  flops = None if c.compute_time else flops_per_batch(problem, streams)
+    raise ConfigError("cluster", fields.cluster, f"a count equal to --workers {m}, or none")
+  flops = None if fields.compute_time else flops_per_batch(problem, streams)
   return cluster.CostModel.build(
-      m, problem.model_bytes(), compute_s=c.compute_time, flops_per_batch=flops,
-      profile=profile, network=c.network, latency=c.latency, **common)
+      m, problem.model_bytes(), compute_s=fields.compute_time, flops_per_batch=flops,
+      profile=profile, network=fields.network, latency=fields.latency, **common)
 
 
 def message_bytes(algorithm: Family, problem: Problem, events) -> float:
@@ -95,19 +126,19 @@ def message_bytes(algorithm: Family, problem: Problem, events) -> float:
   return count("send") * push + count("average") * 2 * push
 
 
-def measured_costs(config, mean_batch: float) -> dict[str, float]:
+def measured_costs(fields: CostFields, mean_batch: float) -> dict[str, float]:
   """The CostModel fields of the profile `--cluster PATH.json`, measured for
   this run's model, dataset and batch size (--compute-time overrides its
   compute time)."""
-  path = config.cluster.cluster
+  path = fields.cluster
   p = cluster.read_profile(path)
   measured = (p.model, p.dataset, p.batch_size)
-  if measured != (config.model.model, config.data.dataset, mean_batch):
+  if measured != (fields.model, fields.dataset, mean_batch):
     raise ConfigError("cluster", path, f"a profile measured for this run (model "
-                      f"{config.model.model}, dataset {config.data.dataset}, batch size "
+                      f"{fields.model}, dataset {fields.dataset}, batch size "
                       f"{mean_batch:g}); this one was measured for model {p.model}, dataset "
                       f"{p.dataset}, batch size {p.batch_size}: run `jaxdl calibrate` for it")
-  return dict(compute_s=config.cluster.compute_time or p.compute_time, bandwidth=p.bandwidth,
+  return dict(compute_s=fields.compute_time or p.compute_time, bandwidth=p.bandwidth,
               latency=p.latency, server_s=p.server_time, order_s=p.order_time)
 
 
@@ -223,16 +254,17 @@ class SimEngine(base.LocalProcess):
   name = "sim"
   families = FAMILIES
   simulated = True
+  fields = SimFields
   own_fields = {field: "a setting of the simulated cluster, which a run on real devices does "
                 "not have" for field in cluster.MODELLED if field not in cluster.EMULATED}
   own_fields["dry_run"] = "a simulated schedule's timing alone"
 
   @classmethod
-  def check(cls, config, spec) -> None:
-    base.check_reduce(config, spec, own_programs=False)
+  def check(cls, fields: SimFields, spec) -> None:
+    base.check_reduce(fields, spec, own_programs=False)
 
   def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
-               config, total_steps: int, batching: str = "auto",
+               fields: SimFields, total_steps: int, batching: str = "auto",
                fused_steps: int = FUSED_STEPS, chunk_rows: int = CHUNK_ROWS):
     """`batching`: "vmap", "loop", "scan", "events" or "auto" (runner.choose_batching;
     "events" when replaying the trace of a real engine's run, whose processes
@@ -242,14 +274,14 @@ class SimEngine(base.LocalProcess):
     (handlers.CHUNK_ROWS; the bits of one op of them all, for the mlp)."""
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = streams.num_workers
-    check_servers(algorithm, config.cluster.servers)
-    if config.output.replay:
-      self.events = read_replay(config.output.replay, algorithm, self.num_workers)
+    check_servers(algorithm, fields.servers)
+    if fields.replay:
+      self.events = read_replay(fields.replay, algorithm, self.num_workers)
       self.bytes_total, self.batch_seconds = None, ()
     else:
-      self.cost = cost_model(config, problem, streams)
-      partitioner = None if config.cluster.partition == "static" else Partitioner(
-          Policy.of(config), streams.batch_sizes)
+      self.cost = cost_model(fields, problem, streams)
+      partitioner = None if fields.partition == "static" else Partitioner(
+          base.partition_policy(fields), streams.batch_sizes)
       schedule = make_schedule(algorithm, self.cost, total_steps, streams.batch_sizes,
                                partitioner)
       self.events, self.bytes_total = list(schedule), schedule.bytes_total
@@ -258,10 +290,10 @@ class SimEngine(base.LocalProcess):
       # (with many workers, 512 a block for each worker and stream; drawn
       # again, the same, if asked for).
       self.cost = dataclasses.replace(self.cost)
-    self._repartition(config, streams)
+    self._repartition(fields, streams)
     self.step_ends = trace.step_ends(self.events, streams.batch_sizes)
     if len(self.step_ends) < total_steps:
-      raise ConfigError("replay", config.output.replay,
+      raise ConfigError("replay", fields.replay,
                         f"a trace with at least {total_steps} steps of "
                         f"{sum(streams.batch_sizes)} samples")
     self.events = self.events[:self.step_ends[total_steps - 1] + 1]
@@ -269,26 +301,26 @@ class SimEngine(base.LocalProcess):
     try:
       self.slots, self.in_flight = planning.message_slots(self.events)
     except ValueError as e:
-      raise ConfigError("replay", config.output.replay,
+      raise ConfigError("replay", fields.replay,
                         f"a trace whose gossip messages all have their send event ({e})")
-    if config.output.dry_run:  # a schedule's timing alone: no math to prepare
+    if fields.dry_run:  # a schedule's timing alone: no math to prepare
       self.batching, self.runner = None, None
       return
     if batching not in ("auto", "vmap", "loop", "scan", "events"):
       raise ValueError(f"batching {batching!r}: one of auto, vmap, loop, scan, events")
     # (a synchronous run's steps replay as the simulator's own: its partitions are its
     # events; another engine's asynchronous run, its events one at a time)
-    if batching == "auto" and config.output.replay and not isinstance(
-        algorithm, Collective) and recorded_engine(config.output.replay) not in (None, self.name):
+    if batching == "auto" and fields.replay and not isinstance(
+        algorithm, Collective) and recorded_engine(fields.replay) not in (None, self.name):
       batching = "events"
     if batching != "events" and any(e.kind == "restart" and e.peer >= 0 for e in self.events):
-      raise ConfigError("replay", config.output.replay,
+      raise ConfigError("replay", fields.replay,
                         "a trace whose restarted workers' copies replay one event at a time: "
                         "leave its config.json beside it (it names the real engine)")
     traced = trace_gradient(problem, streams.example, 1)  # shapes alone, traced once
     self.metric_names = metric_names(traced)
     if batching == "events":
-      self.batching, self.runner = batching, EventReplay(algorithm, streams, config.cluster.servers)
+      self.batching, self.runner = batching, EventReplay(algorithm, streams, fields.servers)
       return
     if batching == "auto":
       batching = choose_batching(traced)
@@ -300,16 +332,16 @@ class SimEngine(base.LocalProcess):
                                     batches.pad, chunk_rows), batching, sizes.longest, batches,
                            self.metric_names, fusable(sizes.signatures, fused_steps=fused_steps))
 
-  def _repartition(self, config, streams: Streams) -> None:
+  def _repartition(self, fields: SimFields, streams: Streams) -> None:
     """Gives the streams the partitions the events record (--partition
     proportional or adaptive: SlicedStreams)."""
     partitions = Partitions.of(streams.batch_sizes, self.events)
     if isinstance(streams, SlicedStreams):
       streams.repartition(partitions)
     elif len(partitions.all) > 1:
-      raise ConfigError("replay", config.output.replay,
+      raise ConfigError("replay", fields.replay,
                         f"a trace without \"partition\" events for --partition "
-                        f"{config.cluster.partition} (replay a run that split its global "
+                        f"{fields.partition} (replay a run that split its global "
                         "batch anew with that run's --partition)")
 
   def init(self, key: jax.Array) -> SimState:

@@ -1,0 +1,136 @@
+"""What every ray run's driver does, whatever the algorithm: connects this
+process to Ray (`connect`: a cluster joined with its token, or a local
+instance on the loopback address), sends a script's task to the actors
+once, and stops the actors it started (`RayRun`). The actors get the
+engine's slice of the config (`RayFields`), whose recipe each rebuilds the
+run from in its own process (jaxdl.engines.base.Recipe).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import warnings
+from typing import Any
+
+from jaxdl.algorithms import Problem, Family
+from jaxdl.data import Streams
+from jaxdl.engines import base, ray_cluster
+from jaxdl.engines.base import Recipe
+from jaxdl.engines.split import SplitFields
+from jaxdl.errors import ConfigError
+
+INLINE_BYTES = 1 << 20
+"""A local instance sends a message of up to this many bytes inside the call
+(a small model's parameters), not through its shared-memory object store:
+about 1.6x the samples per second for the mlp and the cnn (BENCHMARKS.md)."""
+
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch that makes a local instance bind to 127.0.0.1 only (its
+node address is then the loopback address), on Linux too."""
+
+
+def connect(address: str | None) -> bool:
+  """Connects this process to Ray: the cluster at `address` (with Ray's
+  token authentication on unless RAY_AUTH_MODE says otherwise), or a new
+  local instance on the loopback address, whose processes end with this
+  one. True if this call started Ray (the engine then shuts it down)."""
+  if address is not None:
+    ray_cluster.check_address(address)
+  loopback = address is None or address.rpartition(":")[0] in ("localhost", "127.0.0.1")
+  if loopback:  # Ray would otherwise resolve the loopback address to the host's
+    os.environ.setdefault(LOOPBACK_ONLY, "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine
+  import ray
+  if ray.is_initialized():
+    return False
+  if loopback:
+    from ray._private import ray_constants  # read when ray is imported: set it again
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ[LOOPBACK_ONLY] not in ("0", "false")
+  watchdog = ray_cluster.Watchdog() if address is None else None
+  try:
+    with warnings.catch_warnings():
+      # Ray starts its processes with subprocess (fork, then exec at once):
+      # JAX's warning about forking a multithreaded process does not apply.
+      warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+      local = {} if address else {"num_cpus": os.cpu_count(), "_system_config": {
+          "max_direct_call_object_size": INLINE_BYTES}}
+      ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
+               log_to_driver=True, **local)
+  except (ConnectionError, RuntimeError, ValueError) as e:
+    if watchdog is not None:
+      watchdog.stop()
+    raise ConfigError("ray_address", address,
+                      f"{ray_cluster.ADDRESS_HELP}, or unset for a local one ({e})") from None
+  if watchdog is not None:
+    watchdog.started()
+  return True
+
+
+def shutdown() -> None:
+  """Shuts down Ray in this process (a local instance: every process of it)."""
+  import ray
+  ray.shutdown()
+  if ray_cluster.Watchdog.active is not None:
+    ray_cluster.Watchdog.active.stop()
+
+
+def _by_value(task) -> None:
+  """Sends the code of a script's task with it: the actors need not be able
+  to import the module that defines its functions (a script, a test)."""
+  from ray import cloudpickle
+  values = [getattr(task, f.name) for f in dataclasses.fields(task)]
+  values += [getattr(v, "fn", None) for v in values]  # FunctionData's function
+  modules = {getattr(v, "__module__", None) for v in values if callable(v)}
+  for name in modules - {None, "__main__"}:
+    if name.split(".")[0] != "jaxdl" and name in sys.modules:
+      cloudpickle.register_pickle_by_value(sys.modules[name])
+
+
+@dataclasses.dataclass(frozen=True)
+class RayFields(SplitFields):
+  """The config fields the ray engine and its actors read: a real engine's
+  (its split workers', SplitFields), the cluster to join, where worker
+  processes run and how long they wait for one another; and the run's
+  recipe, which each actor rebuilds the run from."""
+  ray_address: str | None
+  pin_workers: bool
+  coordinator_timeout: float
+  recipe: Recipe
+
+
+class RayRun(base.LocalProcess):
+  """What every ray run has: the connection to Ray, the task sent to the
+  actors, the actors (`server`, `workers`) and their end."""
+  name = "ray"
+  fields = RayFields
+
+  def __init__(self, algorithm: Family, problem: Problem, streams: Streams, fields: RayFields):
+    import ray
+    self.algorithm, self.problem, self.streams = algorithm, problem, streams
+    self.num_workers = streams.num_workers
+    # A script's own task travels to the actors once, in the recipe; a zoo
+    # task is rebuilt there.
+    if fields.recipe.task is not None:
+      _by_value(fields.recipe.task)
+    self.started = connect(fields.ray_address)
+    self._ray = ray
+    self.server, self.workers, self.shards = None, [], []
+
+  def jitted_functions(self) -> list:
+    return []
+
+  def processes(self) -> list[dict[str, Any]]:
+    actors = [a for a in [self.server, *self.shards, *self.workers] if a is not None]
+    return [base.process_identity("driver")] + self._ray.get(
+        [a.identity.remote() for a in actors])
+
+  def close(self) -> None:
+    """Stops every actor (and a local Ray instance this engine started)."""
+    ray = self._ray
+    for actor in [self.server, *self.shards, *(self.workers or [])]:
+      if actor is not None:
+        ray.kill(actor)
+    self.server, self.workers, self.shards = None, None, []
+    if self.started and ray.is_initialized():
+      shutdown()
