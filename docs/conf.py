@@ -13,6 +13,8 @@ sys.path.insert(0, str(HERE / "_ext"))
 # The notebooks' kernels inherit these: JAX on the CPU, TensorFlow quiet.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# tqdm.auto warns on import in a kernel without ipywidgets; the runs here show no bar.
+os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found")
 
 project = "jaxdl"
 author = "the jaxdl authors"
