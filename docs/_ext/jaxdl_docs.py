@@ -70,12 +70,16 @@ def page_ref(algorithm: str) -> str:
 
 
 class Generated(SphinxDirective):
-  """A directive whose output is MyST markdown, parsed in place."""
+  """A directive whose output is MyST markdown, parsed in place. Its page
+  depends on the package's source: an incremental build reads it again
+  when a module changes."""
 
   def markdown(self) -> list[str]:
     raise NotImplementedError
 
   def run(self) -> list[nodes.Node]:
+    for source in sorted((ROOT / "jaxdl").rglob("*.py")):
+      self.env.note_dependency(str(source))
     container = nodes.container()
     lines = StringList(self.markdown(), source=self.get_source_info()[0])
     self.state.nested_parse(lines, self.content_offset, container)
