@@ -33,7 +33,7 @@ myst_heading_anchors = 3
 # runs in a temporary directory (its runs/ go there), outputs cached by cell
 # source under docs/_build/.jupyter_cache (a fresh output directory runs all).
 nb_execution_mode = "cache"
-nb_execution_timeout = 600
+nb_execution_timeout = 300  # seconds a cell may take
 nb_execution_raise_on_error = True
 nb_execution_in_temp = True
 nb_execution_show_tb = True
