@@ -50,7 +50,7 @@ def setup(config: RunConfig, streams: Streams | None = None, task: Task | None =
     task: a script's own task, in place of --dataset and --model.
 
   Returns:
-    The Setup, with its engine (close it when done: `Engine.close`).
+    The Setup, with its engine, to close when done (`Engine.close`).
 
   Raises:
     ConfigError: the first field the validation refuses.

@@ -2,8 +2,9 @@
 package of the user's own, named in JAXDL_PLUGINS, join every
 registry-driven test with no other edit.
 
-The package holds the README's own examples (the algorithm asp_clip, of an
-existing family with a setting and its range; the engine vmap) and a task,
+The package holds the documentation's own examples (docs/extending.md: the
+algorithm asp_clip, of an existing family with a setting and its range; the
+engine vmap) and a task,
 each registered by one line; the suite's registry-driven tests (common,
 families, settings ranges, list, help, compare, report, tasks, an engine's
 reads) then run in a fresh process, and must generate and pass cases for
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_readme import _snippet
+from tests.test_readme import EXTENDING, _snippet
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = '''
@@ -70,9 +71,10 @@ def plugins(tmp_path):
   package = tmp_path / "toyplug"
   package.mkdir()
   (package / "algorithm.py").write_text(
-      _snippet("Adding an algorithm")
+      _snippet("Adding an algorithm", EXTENDING)
       + "\nfrom jaxdl.algorithms import ALGORITHMS\n\nALGORITHMS.add(SPEC)\n")
-  (package / "engine.py").write_text(_snippet("Adding an engine"))  # (its line is there)
+  engine = _snippet("Adding an engine", EXTENDING)  # (its registry line is in it)
+  (package / "engine.py").write_text(engine)
   (package / "task.py").write_text(TASK)
   (package / "__init__.py").write_text("from toyplug import algorithm, engine, task\n")
   path = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])

@@ -1,5 +1,5 @@
-"""The README's worked examples run as written: your own task, adding an algorithm,
-adding an engine."""
+"""The documentation's worked examples run as written: your own task, adding an
+algorithm, adding an engine (docs/extending.md); and the README's algorithm tables."""
 import dataclasses
 import re
 from pathlib import Path
@@ -14,24 +14,31 @@ from jaxdl.algorithms import ALGORITHMS, Collective
 from jaxdl.config import RunConfig
 from jaxdl.engines import ENGINES, Engine
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXTENDING = ROOT / "docs" / "extending.md"
 RUN = dict(dataset="digits", model="mlp", batch_size=16, lr=0.05, momentum=0.0,
            schedule="constant", steps=8, progress=False)
 
 
-def _snippet(section: str) -> str:
-  """The first python block under the README heading `section`."""
-  text = README.read_text()
-  body = text[text.index(f"## {section}\n"):]
-  return re.search(r"```python\n(.*?)```", body, re.S).group(1)
+def _snippet(section: str, source: Path) -> str:
+  """The first Python block under the heading `section` of `source` (a
+  Markdown file: the README, or a page of the docs, whose Python blocks are
+  notebook cells, ```{code-cell} with its options, ``:tags: [...]``, first)."""
+  text = source.read_text()
+  heading = re.search(rf"^#+ {re.escape(section)}\n", text, re.M)
+  assert heading, f"{source.name} has no heading {section!r}"
+  block = re.search(r"^```(?:python|\{code-cell\}[^\n]*)\n(.*?)^```", text[heading.end():],
+                    re.S | re.M).group(1)
+  return re.sub(r"\A(?::\w+:.*\n)+", "", block)
 
 
 @pytest.fixture
 def example(request):
-  """Runs a README snippet as a module; removes what it registered afterwards,
+  """Runs a documented snippet as a module; removes what it registered afterwards,
   and puts back an entry of the same name registered before (the same
   example installed as a module of the package)."""
-  code = _snippet(request.param)
+  code = _snippet(request.param, EXTENDING)
   names = re.findall(r'AlgorithmSpec\("(\w+)"|ENGINES\.register\("(\w+)"', code)
   saved = [(registry, name, registry.get(name), registry.doc(name)) for pair in names
            for registry, name in zip((ALGORITHMS, ENGINES), pair) if name in registry]
@@ -39,7 +46,7 @@ def example(request):
     registry.remove(name)
   before_algorithms, before_engines = set(ALGORITHMS), set(ENGINES)
   namespace = {"__name__": "readme_example"}
-  exec(compile(code, str(README), "exec"), namespace)
+  exec(compile(code, str(EXTENDING), "exec"), namespace)
   yield namespace
   for name in set(ALGORITHMS) - before_algorithms:
     ALGORITHMS.remove(name)
@@ -83,7 +90,8 @@ def test_the_engine_example_matches_the_mesh_engine(example, tmp_path):
 def test_the_task_example_trains_a_model_of_its_own(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   namespace = {"__name__": "readme_example"}
-  exec(compile(_snippet("Your own model, loss and data"), str(README), "exec"), namespace)
+  code = _snippet("Your own model, loss and data", EXTENDING)
+  exec(compile(code, str(EXTENDING), "exec"), namespace)
   variance = float(namespace["x"].sum(1).var())  # the loss of predicting the mean
   assert namespace["summary"]["test_loss"] < 0.01 * variance
   assert (tmp_path / "runs" / "sum" / "summary.json").exists()

@@ -33,7 +33,7 @@ class WorkerAxis:
     return tree
 
   def all_gather(self, x: jax.Array) -> jax.Array:
-    """Every worker's `x`, stacked in worker order: (M, *x.shape)."""
+    """Every worker's `x`, stacked in worker order: ``(M, *x.shape)``."""
     if self.local:
       x = lax.all_gather(x, self.local)                 # (L, ...)
     else:

@@ -127,10 +127,10 @@ class Collective:
   """Every worker steps at once; the workers talk through collectives over
   `axis` (a WorkerAxis), the same function on a device mesh or vmapped.
 
-  init(key, worker) -> worker state
-  step(worker, batch, step, axis) -> (worker, metric shares); `step` is the
+  - init(key, worker) -> worker state
+  - step(worker, batch, step, axis) -> (worker, metric shares); `step` is the
     global step (a traced int32)
-  evaluated(workers) -> (params, model_state), from the states stacked over
+  - evaluated(workers) -> (params, model_state), from the states stacked over
     workers
   """
   init: InitFn
@@ -150,16 +150,16 @@ class Centralized:
   """A parameter server: each worker loops pull -> compute -> push, and the
   server applies every push on arrival (ASP, SSP, DC-ASGD, LC-ASGD).
 
-  init_server(key) -> server state
-  init(key, worker) -> worker state
-  pull(server, worker, seconds) -> worker: the worker takes the server's
+  - init_server(key) -> server state
+  - init(key, worker) -> worker state
+  - pull(server, worker, seconds) -> worker: the worker takes the server's
     parameters; `seconds` is the transfer's duration (float32)
-  compute(worker, batch) -> (worker, metric shares): the gradient of what the
+  - compute(worker, batch) -> (worker, metric shares): the gradient of what the
     worker pulled
-  apply(server, worker, seconds) -> (server, worker): the server applies the
+  - apply(server, worker, seconds) -> (server, worker): the server applies the
     worker's gradient; `seconds` is the iteration's compute time
-  evaluated(server, workers) -> (params, model_state)
-  report(server) -> {name: scalar} for the summary
+  - evaluated(server, workers) -> (params, model_state)
+  - report(server) -> {name: scalar} for the summary
   """
   init_server: InitServerFn
   init: InitFn
@@ -178,17 +178,18 @@ class Centralized:
 class Elastic:
   """Local steps, and every `period` of them an exchange with a center (EASGD).
 
-  init_server(key) -> center;  init(key, worker) -> worker
-  local(worker, batch) -> (worker, metric shares)
-  exchange(center, worker) -> (center, worker), on the worker's arrival
-  evaluated(center, workers) -> (params, model_state);  report(center) -> dict
+  - init_server(key) -> center;  init(key, worker) -> worker
+  - local(worker, batch) -> (worker, metric shares)
+  - exchange(center, worker) -> (center, worker), on the worker's arrival
+  - evaluated(center, workers) -> (params, model_state);  report(center) -> dict
 
   An exchange as its messages, for an engine whose worker and center are
   apart (exchange is take of meet; None: the worker runs `exchange` on the
   center it was given and sends the center's new state; `exchange_parts`):
-  meet(worker, center) -> (worker, message): the worker's part, given the
+
+  - meet(worker, center) -> (worker, message): the worker's part, given the
     center as it is, and what it sends the center
-  take(center, message) -> center: the center's part
+  - take(center, message) -> center: the center's part
   """
   init_server: InitServerFn
   init: InitFn
@@ -207,12 +208,12 @@ class Gossip:
   """Local steps; after each, with `probability`, a message to a random peer
   (GoSGD). No server.
 
-  init(key, worker) -> worker
-  local(worker, batch) -> (worker, metric shares)
-  send(worker, peer) -> (worker, message): what the message to worker `peer`
+  - init(key, worker) -> worker
+  - local(worker, batch) -> (worker, metric shares)
+  - send(worker, peer) -> (worker, message): what the message to worker `peer`
     (an int32) carries is decided here
-  receive(worker, message) -> worker: the peer merges it on arrival
-  evaluated(workers) -> (params, model_state)
+  - receive(worker, message) -> worker: the peer merges it on arrival
+  - evaluated(workers) -> (params, model_state)
   """
   init: InitFn
   local: BatchFn
@@ -228,20 +229,21 @@ class Decentralized:
   """Each worker loops: snapshot its model, compute on the snapshot, average
   with a random neighbour atomically, apply its gradient (AD-PSGD). No server.
 
-  init(key, worker) -> worker
-  pull(worker) -> worker: the snapshot the next gradient is computed on
-  compute(worker, batch) -> (worker, metric shares)
-  average(worker, peer) -> (worker, peer), atomic
-  apply(worker) -> worker: the gradient applied to the worker's own model
-  evaluated(workers) -> (params, model_state)
+  - init(key, worker) -> worker
+  - pull(worker) -> worker: the snapshot the next gradient is computed on
+  - compute(worker, batch) -> (worker, metric shares)
+  - average(worker, peer) -> (worker, peer), atomic
+  - apply(worker) -> worker: the gradient applied to the worker's own model
+  - evaluated(workers) -> (params, model_state)
 
   An average as its two messages, for an engine whose workers are apart
   (average is accept of answer of offer; None: the worker's whole state
   goes, and the peer runs `average`; `average_parts`):
-  offer(worker, peer) -> (worker, message): the worker's part before, and
+
+  - offer(worker, peer) -> (worker, message): the worker's part before, and
     what it sends worker `peer` (an int32)
-  answer(peer, message) -> (peer, reply): the peer's part, and what it sends back
-  accept(worker, reply) -> worker: the worker's part after
+  - answer(peer, message) -> (peer, reply): the peer's part, and what it sends back
+  - accept(worker, reply) -> worker: the worker's part after
   """
   init: InitFn
   pull: WorkerFn

@@ -44,7 +44,7 @@ class Engine(Protocol):
   round of all workers for a collective algorithm; for an asynchronous one,
   the updates of whichever workers process that many.
 
-  Args (of the constructor):
+  Args:
     algorithm: the family record of pure functions to run (jaxdl.algorithms.families).
     problem: the task and the optax rule (jaxdl.algorithms.Problem).
     streams: every worker's batches (jaxdl.data.Streams).

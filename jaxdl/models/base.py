@@ -18,9 +18,9 @@ ModelState = Any  # a pytree of non-trained arrays, e.g. batch-norm statistics
 class Model:
   """A model as two pure functions.
 
-  init(key) -> (params, model_state)
-  apply(params, model_state, images_BxHxWxC, train, stats=None)
-      -> (logits_BxK, model_state)
+  - init(key) -> (params, model_state)
+  - apply(params, model_state, images_BxHxWxC, train, stats=None)
+    -> (logits_BxK, model_state)
 
   In training mode apply returns the updated model state (batch-norm running
   statistics); in evaluation mode it returns the state it was given. ``stats``,
