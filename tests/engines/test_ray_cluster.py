@@ -1,5 +1,5 @@
 """Where a ray run's processes live: a token-protected cluster started as the
-README says, joined with its token and refused without it in one line; and
+docs say (docs/engines/ray.md), joined with its token and refused without it in one line; and
 a local instance whose processes all end with a killed driver."""
 import os
 import re
@@ -21,7 +21,7 @@ from jaxdl.errors import ConfigError
 from tests import marks
 from tests.helpers import jaxdl_command
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+RAY_DOCS = Path(__file__).resolve().parents[2] / "docs" / "engines" / "ray.md"
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 RUN = ("run", "--algorithm", "asp", "--engine", "ray", "--workers", "2", "--model", "mlp",
        "--batch-size", "16", "--no-progress")
@@ -79,16 +79,16 @@ def _env(**settings: str | None) -> dict[str, str]:
   return env
 
 
-def _readme_cluster_commands() -> list[str]:
-  """The lines of the README's bash block that starts a cluster."""
-  text = README.read_text()
+def _documented_cluster_commands() -> list[str]:
+  """The lines of the ray page's bash block that starts a cluster."""
+  text = RAY_DOCS.read_text()
   blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
   [block] = [b for b in blocks if "ray start --head" in b]
   return [line for line in block.splitlines() if line and not line.startswith("#")]
 
 
 class Head:
-  """A Ray head on the loopback address, started as the README says, with
+  """A Ray head on the loopback address, started as the docs say, with
   its own token (in `home`/.ray) and its own directory."""
 
   def __init__(self, home: Path):
@@ -97,7 +97,7 @@ class Head:
     self.env = _env(HOME=str(home), RAY_TMPDIR=self.temp, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
 
   def start(self) -> None:
-    [make_token, start] = [line for line in _readme_cluster_commands()
+    [make_token, start] = [line for line in _documented_cluster_commands()
                            if "get-auth-token" in line or "ray start --head" in line]
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]  # its `ray`
     subprocess.run(["bash", "-c", make_token], env={**self.env, "PATH": path}, check=True,
@@ -128,11 +128,11 @@ def head(tmp_path_factory):
   assert not _processes_of(started.temp)
 
 
-def test_the_readmes_token_is_readable_by_its_owner_only(head):
+def test_the_documented_token_is_readable_by_its_owner_only(head):
   assert (head.home / ".ray").stat().st_mode & 0o777 == 0o700
   assert (head.home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
   assert re.fullmatch(r"[0-9a-f]{64}", head.token)  # 256 random bits
-  commands = _readme_cluster_commands()
+  commands = _documented_cluster_commands()
   assert any(c.startswith("RAY_AUTH_MODE=token ray start --address HEAD_IP:") for c in commands)
 
 
