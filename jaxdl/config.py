@@ -144,6 +144,8 @@ class DistributedConfig:
   """Seconds a process waits for all the others to reach the coordinator; then a one-line error (exit code 2)."""
   ray_address: str | None = None
   """--engine ray: HOST:PORT of a running Ray cluster to join (`ray start --head`); unset: a local Ray instance on the loopback address."""
+  server_node: str | None = None
+  """--engine ray: the address of the Ray node (as `ray start --node-ip-address` gave it, or Ray found it) that runs the run's central actor (an asynchronous algorithm's parameter server and its shards, or coordinator; a synchronous one's exchange); unset: the driver's node. The workers go round robin over the cluster's other nodes; a worker whose node dies is restarted on another."""
   reduce: str = "host"
   """A synchronous algorithm whose workers run their own programs (--engine mesh or ray with --partition proportional or adaptive, --compute-time or --worker-devices): where the workers' collectives are summed, host (in host memory, numpy) or device (put on a device: the default one, on ray a GPU where the cluster has one; summed there, copied back); the same result, timed as reduce_s in summary.json."""
   worker_devices: tuple[str, ...] | None = None
@@ -409,7 +411,7 @@ RUN_CONTROL_FIELDS = frozenset(
     {"out", "resume", "overwrite", "progress", "config", "log_every",
      "eval_every", "checkpoint_every", "keep_checkpoints", "data_dir",
      "coordinator_address", "num_processes", "process_id", "target_accuracy",
-     "price_per_device_hour"})
+     "price_per_device_hour", "ray_address", "server_node"})
 
 
 def recorded(config: RunConfig, filled: OptimConfig) -> dict[str, Any]:

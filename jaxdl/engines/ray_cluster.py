@@ -8,6 +8,12 @@ probe asks the cluster once: a missing or refused token, or an address that
 answers but is not a Ray cluster, is one line naming what to fix, with
 Ray's own messages in a log file that the line names.
 
+While a run is on a joined cluster, a thread watches its head (`HeadWatch`):
+once the head's GCS has accepted no connection for HEAD_TIMEOUT_S (its
+machine or its GCS went down), the run cannot go on, and the driver ends
+with one line rather than wait on Ray's calls (Ray's client waits 60 s for
+the GCS, then aborts the process).
+
 A local instance's processes end with the driver however it ends: a
 watchdog process (`jaxdl.engines.ray_sidecar`) kills those that would
 outlive it.
@@ -20,6 +26,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from typing import ClassVar
 
 from jaxdl.engines import ray_sidecar
@@ -34,6 +42,13 @@ ACK_TIMEOUT_S = 60.0
 """Seconds the watchdog may take to record a local instance's processes."""
 PROBE_TIMEOUT_S = 60.0
 """Seconds the probe may take (Ray's client gives up on a silent address in 35)."""
+
+HEAD_TIMEOUT_S = 10.0
+"""Seconds a joined cluster's head may accept no connection before the run ends."""
+HEAD_PROBE_S = 1.0
+"""Seconds between two connections to the head, and the most one may take."""
+HEAD_LOST = 1
+"""The exit code of a driver whose cluster's head stopped answering."""
 
 # An HTTP/2 client's first bytes, then an empty SETTINGS frame: a gRPC server
 # (a Ray cluster's GCS) answers with a SETTINGS frame of its own.
@@ -54,6 +69,26 @@ def check_address(address: str, timeout: float = 5.0) -> None:
       from ray._raylet import Config
       Config.initialize("")
   _check_token(address)
+
+
+def own_node(address: str) -> str | None:
+  """The address of the Ray node on this machine that a driver joining the
+  cluster at `address` (HOST:PORT) attaches to: this machine's address on
+  the way there, where a raylet here runs with it; None: Ray's own choice,
+  the first raylet it finds here (the head's, if one is). Where one machine
+  holds several nodes (a cluster of network namespaces, whose raylets are
+  all seen), Ray's choice may be a node whose address this process does
+  not have, where no actor's reply reaches it."""
+  host, _, port = address.rpartition(":")
+  try:
+    family, _, _, _, where = socket.getaddrinfo(host, int(port), type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as route:  # sends nothing
+      route.connect(where)
+      here = route.getsockname()[0]
+  except OSError:
+    return None
+  from ray._private import services
+  return here if here in services._find_address_from_flag("--node_ip_address") else None
 
 
 def _check_answers(address: str, where: tuple[str, int], timeout: float) -> None:
@@ -159,3 +194,53 @@ class Watchdog:
       self.process = None
     if Watchdog.active is self:
       Watchdog.active = None
+
+
+class HeadWatch:
+  """A thread that ends this process, with one line on stderr and exit code
+  HEAD_LOST, once the head of the cluster it joined (its GCS at `address`,
+  HOST:PORT) has accepted no connection for HEAD_TIMEOUT_S: every Ray call
+  would otherwise wait for it (a minute, then Ray aborts the process). What
+  the run wrote stays: `--resume` continues it from its last checkpoint on
+  a cluster that runs."""
+
+  def __init__(self, address: str):
+    host, _, port = address.rpartition(":")
+    self.address, self.where = address, (host, int(port))
+    self.answered = time.monotonic()
+    self.ending = threading.Lock()  # one line, from one thread
+    self.stopped = threading.Event()
+    self.thread = threading.Thread(target=self._watch, name="jaxdl-head-watch", daemon=True)
+    self.thread.start()
+
+  def _watch(self) -> None:
+    while not self.stopped.wait(HEAD_PROBE_S):
+      self._answers()
+
+  def _answers(self) -> bool:
+    """Whether the head accepts a connection now; ends this process if it
+    has accepted none for HEAD_TIMEOUT_S."""
+    try:
+      socket.create_connection(self.where, timeout=HEAD_PROBE_S).close()
+      self.answered = time.monotonic()
+      return True
+    except OSError:
+      if time.monotonic() - self.answered > HEAD_TIMEOUT_S and self.ending.acquire():
+        sys.stdout.flush()
+        print(f"jaxdl: error: the Ray cluster's head at {self.address} has accepted no "
+              f"connection for {HEAD_TIMEOUT_S:g} s (its machine or its GCS is down): the run "
+              "ends; --resume continues it from its last checkpoint on a running cluster "
+              "(--ray-address)", file=sys.stderr, flush=True)
+        os._exit(HEAD_LOST)
+      return False
+
+  def settle(self) -> None:
+    """Returns once the head answers; ends this process if it does not
+    within HEAD_TIMEOUT_S of its last answer (a run that failed as its head
+    went down ends with the same line, not with the error of a Ray call)."""
+    while not self._answers():
+      time.sleep(HEAD_PROBE_S)
+
+  def stop(self) -> None:
+    self.stopped.set()
+    self.thread.join()

@@ -1,9 +1,11 @@
 """What every ray run's driver does, whatever the algorithm: connects this
 process to Ray (`connect`: a cluster joined with its token, or a local
-instance on the loopback address), sends a script's task to the actors
-once, and stops the actors it started (`RayRun`). The actors get the
-engine's slice of the config (`RayFields`), whose recipe each rebuilds the
-run from in its own process (jaxdl.engines.base.Recipe).
+instance on the loopback address), places the actors on the cluster's
+nodes (`jaxdl.engines.ray_placement`), sends a script's task to the actors
+once, watches a joined cluster's head, and stops the actors it started
+(`RayRun`). The actors get the engine's slice of the config (`RayFields`),
+whose recipe each rebuilds the run from in its own process
+(jaxdl.engines.base.Recipe).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from jaxdl.algorithms import Problem, Family
 from jaxdl.data import Streams
-from jaxdl.engines import base, ray_cluster
+from jaxdl.engines import base, ray_cluster, ray_placement
 from jaxdl.engines.base import Recipe
 from jaxdl.engines.split import SplitFields
 from jaxdl.errors import ConfigError
@@ -53,10 +55,13 @@ def connect(address: str | None) -> bool:
       # Ray starts its processes with subprocess (fork, then exec at once):
       # JAX's warning about forking a multithreaded process does not apply.
       warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
-      local = {} if address else {"num_cpus": os.cpu_count(), "_system_config": {
-          "max_direct_call_object_size": INLINE_BYTES}}
+      if address is None:
+        options = {"num_cpus": os.cpu_count(), "_system_config": {
+            "max_direct_call_object_size": INLINE_BYTES}}
+      else:  # a driver attaches to its own machine's node
+        options = {} if loopback else {"_node_ip_address": ray_cluster.own_node(address)}
       ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
-               log_to_driver=True, **local)
+               log_to_driver=True, **options)
   except (ConnectionError, RuntimeError, ValueError) as e:
     if watchdog is not None:
       watchdog.stop()
@@ -90,18 +95,20 @@ def _by_value(task) -> None:
 @dataclasses.dataclass(frozen=True)
 class RayFields(SplitFields):
   """The config fields the ray engine and its actors read: a real engine's
-  (its split workers', SplitFields), the cluster to join, where worker
-  processes run and how long they wait for one another; and the run's
-  recipe, which each actor rebuilds the run from."""
+  (its split workers', SplitFields), the cluster to join, the node of its
+  central actor, where worker processes run and how long they wait for one
+  another; and the run's recipe, which each actor rebuilds the run from."""
   ray_address: str | None
+  server_node: str | None
   pin_workers: bool
   coordinator_timeout: float
   recipe: Recipe
 
 
 class RayRun(base.LocalProcess):
-  """What every ray run has: the connection to Ray, the task sent to the
-  actors, the actors (`server`, `workers`) and their end."""
+  """What every ray run has: the connection to Ray, the actors' nodes
+  (`placement`), the task sent to the actors, the actors (`server`,
+  `workers`) and their end; on a joined cluster, the watch of its head."""
   name = "ray"
   fields = RayFields
 
@@ -115,19 +122,36 @@ class RayRun(base.LocalProcess):
       _by_value(fields.recipe.task)
     self.started = connect(fields.ray_address)
     self._ray = ray
-    self.server, self.workers, self.shards = None, [], []
+    self.server, self.workers, self.shards, self.head = None, [], [], None
+    try:
+      self.placement = ray_placement.of_cluster(ray, fields.server_node)
+    except ConfigError:
+      self.close()
+      raise
+    if fields.ray_address is not None:  # its head stops answering: the run ends
+      self.head = ray_cluster.HeadWatch(fields.ray_address)
 
   def jitted_functions(self) -> list:
     return []
 
   def processes(self) -> list[dict[str, Any]]:
+    """Every process of the run, each with the address of its Ray node."""
+    ray = self._ray
     actors = [a for a in [self.server, *self.shards, *self.workers] if a is not None]
-    return [base.process_identity("driver")] + self._ray.get(
-        [a.identity.remote() for a in actors])
+    identities = [base.process_identity("driver")] + ray.get([a.identity.remote()
+                                                              for a in actors])
+    nodes = ray_placement.nodes_of(ray, actors)
+    return [{**identity, "node": node} for identity, node in zip(identities, nodes)]
 
   def close(self) -> None:
-    """Stops every actor (and a local Ray instance this engine started)."""
+    """Stops every actor (and a local Ray instance this engine started); if
+    the joined cluster's head no longer answers, ends this process instead
+    (`ray_cluster.HeadWatch`: Ray's calls would wait for it)."""
     ray = self._ray
+    if self.head is not None:
+      self.head.settle()
+      self.head.stop()
+      self.head = None
     for actor in [self.server, *self.shards, *(self.workers or [])]:
       if actor is not None:
         ray.kill(actor)

@@ -18,8 +18,10 @@ own share, their collectives meeting at one actor (`RaySplit`).
 A local Ray instance listens on the loopback address only, starts no
 dashboard, and its processes end with the driver's however it ends;
 `--ray-address HOST:PORT` joins a running cluster instead, with Ray's token
-authentication on (`jaxdl.engines.ray_driver`, `ray_cluster`). The actors
-get the engine's slice of the config, and rebuild the run from its recipe.
+authentication on (`jaxdl.engines.ray_driver`, `ray_cluster`): the central
+actor runs on the driver's node or --server-node's, the workers round robin
+over the other nodes (`ray_placement`). The actors get the engine's slice
+of the config, and rebuild the run from its recipe.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, G
 from jaxdl.algorithms.families import has_server
 from jaxdl.cadence import Cadence
 from jaxdl.data import Streams
-from jaxdl.engines import base
+from jaxdl.engines import base, ray_placement
 from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.host_axis import Exchange
 from jaxdl.engines.mesh import MeshEngine
@@ -72,9 +74,10 @@ class RayEngine(RayRun):
   central_process = True
   own_fields = {
       "ray_address": "the Ray cluster its processes run on",
+      "server_node": "the Ray node its central actor runs on",
       "pin_workers": "it pins each worker process to cores of its own",
   }
-  placement = frozenset({"pin_workers"})
+  placement = frozenset({"ray_address", "server_node", "pin_workers"})
 
   @classmethod
   def check(cls, fields: RayFields, spec) -> None:
@@ -83,6 +86,12 @@ class RayEngine(RayRun):
       raise ConfigError("servers", servers, f"1 with --engine {cls.name} for {spec.name}, "
                         "whose center is one actor (a parameter server's splits: "
                         f"{names_of(Centralized)})")
+    if fields.server_node is not None and spec.family is Collective and not (
+        base.split_workers(fields)):
+      raise ConfigError("server_node", fields.server_node, f"unset for {spec.name} on --engine "
+                        f"{cls.name}: its processes meet through jax.distributed, with no "
+                        "central actor (an exchange's, with --partition proportional or "
+                        "adaptive or --compute-time)")
     base.check_emulation(cls, fields)
     base.check_reduce(fields, spec, own_programs=True)
 
@@ -117,11 +126,14 @@ class RayEngine(RayRun):
       args = ([f"{name}-shard-{s}" for s in range(k)],)
       central, worker = ShardedServer, ShardedWorker
       self.shards = [ray.remote(num_cpus=0, max_restarts=0)(Shard).options(
-          name=args[0][s]).remote(fields, s) for s in range(k)]
+          name=args[0][s], **self.placement.central_options()).remote(fields, s)
+          for s in range(k)]
     self.server = ray.remote(num_cpus=0, max_restarts=0)(central).options(
-        name=name, max_concurrency=concurrency).remote(fields, observed, *args)
+        name=name, max_concurrency=concurrency, **self.placement.central_options()).remote(
+            fields, observed, *args)
     self.workers = [ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS)(worker).options(
-        **options).remote(fields, w, name, *args) for w in range(self.num_workers)]
+        **options, **self.placement.worker_options(w)).remote(fields, w, name, *args)
+        for w in range(self.num_workers)]
     self.restarts = [0] * self.num_workers
     self.running: dict = {}  # a worker's run (an ObjectRef) -> the worker
     self.started_workers = False
@@ -248,7 +260,9 @@ class RayEngine(RayRun):
             # CPU seconds until then: the server's or coordinator's (all its
             # threads), and its machine's (every process; Linux)
             "central_cpu_s": self.cpu_s[0], "machine_cpu_s": self.cpu_s[1],
-            "restarts_per_worker": list(self.restarts)}
+            "restarts_per_worker": list(self.restarts),
+            # each worker's node at the end (a restarted worker's: where Ray restarted it)
+            "worker_nodes": ray_placement.nodes_of(self._ray, self.workers)[1:]}
 
   def report(self, state) -> dict[str, float]:
     return base.algorithm_report(self.algorithm, state[0])
@@ -284,7 +298,8 @@ class RayCollective(RayRun):
     ray, m = self._ray, self.num_workers
     env = {"XLA_FLAGS": one_device(os.environ.get("XLA_FLAGS", ""))}
     self.workers = [ray.remote(num_cpus=0, max_restarts=0)(Process).options(
-        runtime_env={"env_vars": env}).remote(fields, w, m) for w in range(m)]
+        runtime_env={"env_vars": env}, **self.placement.worker_options(w)).remote(fields, w, m)
+        for w in range(m)]
     address = ray.get(self.workers[0].address.remote())
     ray.get([p.join.remote(address, fields.coordinator_timeout) for p in self.workers])
     self.cadence = Cadence.of(fields, streams.steps_per_epoch, total_steps)
@@ -347,11 +362,12 @@ class RaySplit(SplitRun, RayRun):
     ray, m = self._ray, self.num_workers
     name = f"jaxdl-exchange-{uuid.uuid4().hex}"
     reduce = fields.reduce
-    gpus = 1 if reduce == "device" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    gpus = 1 if reduce == "device" and self.placement.central_gpus >= 1 else 0
     self.server = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=0)(Exchange).options(
-        name=name, max_concurrency=max(64, 4 * m)).remote(m, reduce)
-    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(SplitProcess).remote(fields, w, name)
-                    for w in range(m)]
+        name=name, max_concurrency=max(64, 4 * m), **self.placement.central_options()).remote(
+            m, reduce)
+    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(SplitProcess).options(
+        **self.placement.worker_options(w)).remote(fields, w, name) for w in range(m)]
     self._begin_split(fields, total_steps)
 
   def _all(self, method: str, *args) -> list:

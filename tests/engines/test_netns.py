@@ -1,7 +1,9 @@
 """Several machines on one: a cluster of network namespaces (bench/netns_cluster.py),
 each node its own network stack and address with a Ray node in it, joined
 with the cluster's token; nothing of it left after an exit, an error or a
-Ctrl-C; a client without the token refused in one line."""
+Ctrl-C; a client without the token refused in one line; a ray run's actors
+on the nodes where they belong, its trace replaying to its parameters.
+(A node that dies mid-run: test_netns_faults.py.)"""
 import json
 import os
 import signal
@@ -12,7 +14,9 @@ import time
 import numpy as np
 import pytest
 
+import jaxdl
 from bench.netns_cluster import NetnsCluster, allowed, leftovers
+from jaxdl.config import RunConfig
 from tests.helpers import jaxdl_command
 
 NOT_ALLOWED = allowed()
@@ -139,3 +143,65 @@ def test_jax_distributed_across_namespaces_gives_one_process_losses(tmp_path):
 
 
 _PORT = 7654
+
+
+def ray_run(cluster: NetnsCluster, node: int, out, *flags: str, timeout: float = 300):
+  """`jaxdl run --engine ray` of the mlp in node `node`, joining the cluster."""
+  return cluster.run(node, jaxdl_command(
+      "run", "--engine", "ray", "--model", "mlp", "--batch-size", "8", "--no-progress",
+      "--ray-address", cluster.address, "--out", str(out), *flags),
+      capture_output=True, text=True, timeout=timeout)
+
+
+def same_run_elsewhere(out, again) -> dict:
+  """The run in `out` again where its bits are known: an asynchronous run's
+  trace replayed on the sim engine; a collective one on the mesh engine
+  (its processes run the mesh's step)."""
+  config = RunConfig.load(str(out / "config.json")).replace(out=str(again), resume=False)
+  if config.algorithm.algorithm == "bsp":
+    return jaxdl.run(config.replace(engine="mesh", ray_address=None))
+  return jaxdl.run(config.replace(engine="sim", replay=str(out / "trace.jsonl")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, flags, central, actors", [
+    ("asp", (), 0, 1), ("ssp", ("--staleness-bound", "1"), 0, 1), ("gosgd", (), 0, 1),
+    ("ad_psgd", (), 0, 1), ("easgd", (), 0, 1), ("bsp", (), 0, 0),
+    ("asp", ("--servers", "2"), 2, 3)])  # the server and its 2 shards on node 2
+def test_a_run_places_its_workers_on_the_other_nodes_and_replays(ray_cluster, tmp_path, name,
+                                                                 flags, central, actors):
+  """The driver in the head node: the central actors (`actors` of them:
+  server, shards, coordinator; bsp has none) on the driver's node or
+  --server-node's (node `central`); the workers round robin over the other
+  nodes, by address (two workers: one on each); the run's parameters are
+  its trace's replay's on the sim (bsp's: the mesh's)."""
+  out = tmp_path / "run"
+  nodes = [n.address for n in ray_cluster.nodes]
+  where = ("--server-node", nodes[central]) if central else ()
+  done = ray_run(ray_cluster, 0, out, "--algorithm", name, "--workers", "2", "--steps", "12",
+                 *flags, *where)
+  assert done.returncode == 0, done.stderr[-3000:]
+  processes = json.loads((out / "cluster.json").read_text())["processes"]
+  assert processes[0]["role"] == "driver" and processes[0]["node"] == nodes[0]
+  workers = [p["node"] for p in processes if p["role"].startswith("worker")]
+  assert workers == sorted(set(nodes) - {nodes[central]}) and len(set(workers)) == 2
+  assert [p["node"] for p in processes[1:] if not p["role"].startswith("worker")] == (
+      [nodes[central]] * actors)
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["status"] == "completed" and summary["steps"] == 12
+  again = same_run_elsewhere(out, tmp_path / "again")
+  assert again["params_fingerprint"] == summary["params_fingerprint"]
+
+
+@pytest.mark.slow
+def test_a_server_node_no_alive_node_has_is_refused_in_one_line(ray_cluster, tmp_path):
+  out = tmp_path / "run"
+  stranger = ray_cluster.nodes[0].address.rpartition(".")[0] + ".99"
+  refused = ray_run(ray_cluster, 0, out, "--algorithm", "asp", "--workers", "2", "--steps", "4",
+                    "--server-node", stranger, timeout=180)
+  assert refused.returncode == 2, refused.stderr[-2000:]
+  [line] = refused.stderr.strip().splitlines()
+  alive = ", ".join(n.address for n in ray_cluster.nodes)
+  assert line == (f"jaxdl run: error: --server-node='{stranger}' is not valid: the address of "
+                  f"an alive node of the Ray cluster: {alive}")
+  assert not out.exists()
