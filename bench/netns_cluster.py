@@ -13,7 +13,11 @@ its node's. A worker node's link can be shaped by `tc qdisc ... tbf` (rate, burs
 latency), in both directions. Ray starts in each node with token
 authentication (`RAY_AUTH_MODE=token`, a token made for the cluster, in a
 home of its own readable by its owner only); the head listens on
-`address`, and a driver runs in the head's namespace (`run`).
+`address`, and a driver runs in any node's namespace (`run`). The nodes
+share this machine's processes and files: Ray's driver, which looks for a
+raylet among the processes, sees every node's and takes the head's unless
+told its node's address (jaxdl's driver tells it the address it reaches
+the head from: jaxdl.engines.ray_cluster.own_node).
 
 Everything is torn down on exit, on an error and on Ctrl-C: the processes
 in the cluster's namespaces (`ip netns pids`, so none other) are killed,
@@ -43,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 RAY_PORT = 6379
 BRIDGE = "br0"
@@ -143,10 +148,11 @@ class NetnsCluster:
     return subprocess.run(["ip", "netns", "exec", self.nodes[node].name, *argv], env=env,
                           timeout=timeout, **kwargs)
 
-  def start_ray(self, cpus_per_node: int = 2) -> None:
+  def start_ray(self, cpus_per_node: int = 2, flags: Sequence[str] = ()) -> None:
     """The cluster's token (`ray get-auth-token --generate`, in its home,
     readable by its owner only), a Ray head in node 0 and a node joining it
-    in each other."""
+    in each other; `flags` go to every `ray start` (the ports it fixes:
+    --node-manager-port ...)."""
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     old = os.umask(0o077)
     try:
@@ -154,7 +160,7 @@ class NetnsCluster:
                timeout=60)
     finally:
       os.umask(old)
-    common = [f"--num-cpus={cpus_per_node}", "--disable-usage-stats"]
+    common = [f"--num-cpus={cpus_per_node}", "--disable-usage-stats", *flags]
     head = self.nodes[0]
     self.run(0, [ray, "start", "--head", f"--node-ip-address={head.address}",
                  f"--port={RAY_PORT}", "--include-dashboard=false", *common],

@@ -6,6 +6,7 @@ on the nodes where they belong, its trace replaying to its parameters.
 (A node that dies mid-run: test_netns_faults.py.)"""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,17 +18,26 @@ import pytest
 import jaxdl
 from bench.netns_cluster import NetnsCluster, allowed, leftovers
 from jaxdl.config import RunConfig
+from tests.engines.test_ray_cluster import _documented_cluster_commands
 from tests.helpers import jaxdl_command
 
 NOT_ALLOWED = allowed()
 pytestmark = pytest.mark.skipif(NOT_ALLOWED is not None, reason=NOT_ALLOWED or "")
 
 
+def documented_ports() -> list[str]:
+  """The `ray start` flags that fix Ray's ports, as the ray page's cluster
+  commands give them (its PORTS line)."""
+  [line] = [c for c in _documented_cluster_commands() if c.startswith("PORTS=")]
+  return shlex.split(shlex.split(line)[0].partition("=")[2])
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
-  """A head and two worker nodes, each a namespace with a Ray node (2 CPUs)."""
+  """A head and two worker nodes, each a namespace with a Ray node (2 CPUs),
+  started with the documented ports."""
   with NetnsCluster(workers=2) as cluster:
-    cluster.start_ray(2)
+    cluster.start_ray(2, documented_ports())
     yield cluster
   assert leftovers(cluster.tag) == []
 
@@ -205,3 +215,55 @@ def test_a_server_node_no_alive_node_has_is_refused_in_one_line(ray_cluster, tmp
   assert line == (f"jaxdl run: error: --server-node='{stranger}' is not valid: the address of "
                   f"an alive node of the Ray cluster: {alive}")
   assert not out.exists()
+
+
+def _connections(cluster: NetnsCluster) -> tuple[set, set]:
+  """The TCP connections between two of the cluster's nodes now, each as
+  ((address, port), (address, port)), and every node's listening sockets,
+  (address, port), "*" for any address (`ss`, in each node's namespace)."""
+  nodes = {n.address for n in cluster.nodes}
+  connected, listening = set(), set()
+  for node in cluster.nodes:
+    for state, into in (("established", connected), ("listening", listening)):
+      lines = subprocess.run(["ip", "netns", "exec", node.name, "ss", "-tnH", "state", state],
+                             capture_output=True, text=True, timeout=30).stdout.splitlines()
+      for line in lines:
+        ends = [e.replace("[::ffff:", "").replace("]", "").rpartition(":")[::2]
+                for e in line.split()[-2:]]
+        if state == "listening":
+          into.add((node.address if ends[0][0] in ("*", "0.0.0.0") else ends[0][0], ends[0][1]))
+        elif ends[0][0] != ends[1][0] and {ends[0][0], ends[1][0]} <= nodes:
+          into.add((ends[0], ends[1]))
+  return connected, listening
+
+
+@pytest.mark.slow
+def test_the_nodes_reach_one_another_on_the_documented_ports_only(ray_cluster, tmp_path):
+  """While a run's actors talk across the nodes (gosgd: worker to worker,
+  and each with its coordinator), every connection between two nodes goes
+  to the head's GCS port or a port the documented flags fix: the node and
+  object managers', a worker's in the range."""
+  flags = documented_ports()
+  fixed = {flags[i + 1] for i, f in enumerate(flags) if f.endswith("manager-port")}
+  low, high = (int(flags[flags.index(f) + 1]) for f in ("--min-worker-port", "--max-worker-port"))
+  run = ray_cluster.popen(0, jaxdl_command(
+      "run", "--engine", "ray", "--algorithm", "gosgd", "--workers", "4", "--model", "mlp",
+      "--batch-size", "8", "--steps", "150", "--no-progress", "--ray-address",
+      ray_cluster.address, "--out", str(tmp_path / "run")), stderr=subprocess.PIPE, text=True)
+  connected, listening = set(), set()
+  try:
+    while run.poll() is None:
+      now, listens = _connections(ray_cluster)
+      connected |= now
+      listening |= listens
+      time.sleep(0.3)
+  finally:
+    run.kill()
+  assert run.returncode == 0, run.stderr.read()[-3000:]
+  assert connected and all(a in listening or b in listening for a, b in connected)
+  served = {end for pair in connected for end in pair if end in listening}  # the servers' ends
+  ports = {port for _, port in served}
+  assert ports <= {"6379", *fixed} | {str(p) for p in range(low, high + 1)}, ports
+  # each kind was seen: the GCS, both managers, workers of every node
+  assert {"6379", *fixed} <= ports
+  assert {a for a, p in served if low <= int(p) <= high} == {n.address for n in ray_cluster.nodes}
