@@ -346,7 +346,7 @@ def test_a_target_or_price_out_of_range_is_refused(tmp_path, capsys, args, flag,
 
 @pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "asp", "--partition", "adaptive"], "--partition",
-     "static for asp: proportional and adaptive split a synchronous step's global batch"),
+     "static for asp: proportional and adaptive partition a synchronous step's global batch"),
     (["--algorithm", "bsp", "--partition", "random"], "--partition",
      "one of static, proportional, adaptive"),
     (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-every", "0"],
