@@ -186,3 +186,10 @@ def test_the_main_job_runs_as_the_readme_says(tmp_path):
   report = tmp_path / "runs" / "compare" / "report.md"
   assert report.exists() and "| 16 |" in ran.stdout
   assert (tmp_path / "runs" / "compare" / "speedup_workers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_readmes_links_lead_somewhere():
+  """Every relative link of the README names a file of the checkout."""
+  links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README.read_text())
+  assert len(links) >= 13
+  assert [link for link in links if not (ROOT / link).exists()] == []
