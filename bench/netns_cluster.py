@@ -96,7 +96,10 @@ class NetnsCluster:
     os.chmod(self.home, 0o700)
     self.env = {**os.environ, "HOME": str(self.home), "RAY_AUTH_MODE": "token",
                 "RAY_TMPDIR": str(self.home / "ray"), "RAY_USAGE_STATS_ENABLED": "0"}
-    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+    # a local Ray instance started earlier in this process (jaxdl's ray engine)
+    # leaves RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, with which no node may join
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
       self.env.pop(name, None)
 
   @property

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,8 +22,12 @@ pytestmark = pytest.mark.skipif(NOT_ALLOWED is not None, reason=NOT_ALLOWED or "
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-  """A head and two worker nodes, each a namespace with a Ray node (2 CPUs)."""
-  with NetnsCluster(workers=2) as cluster:
+  """A head and two worker nodes, each a namespace with a Ray node (2 CPUs),
+  started from a process where a local Ray instance ran before (it leaves
+  Ray's switch that refuses other nodes in the environment)."""
+  with mock.patch.dict(os.environ, {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}):
+    cluster = NetnsCluster(workers=2)
+  with cluster:
     cluster.start_ray(2)
     yield cluster
   assert leftovers(cluster.tag) == []
