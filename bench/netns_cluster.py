@@ -52,7 +52,8 @@ from typing import Sequence
 RAY_PORT = 6379
 BRIDGE = "br0"
 _MADE = itertools.count()  # clusters made by this process
-ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts ETC/NAME/* over /etc/*
+ETC = Path("/etc/netns")
+JOIN_ATTEMPTS = 3  # `ray start --address` tries per node  # `ip netns exec NAME` mounts ETC/NAME/* over /etc/*
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -100,7 +101,10 @@ class NetnsCluster:
     os.chmod(self.home, 0o700)
     self.env = {**os.environ, "HOME": str(self.home), "RAY_AUTH_MODE": "token",
                 "RAY_TMPDIR": str(self.home / "ray"), "RAY_USAGE_STATS_ENABLED": "0"}
-    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+    # a local Ray instance started earlier in this process (jaxdl's ray engine)
+    # leaves RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, with which no node may join
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
       self.env.pop(name, None)
 
   @property
@@ -166,9 +170,21 @@ class NetnsCluster:
                  f"--port={RAY_PORT}", "--include-dashboard=false", *common],
              check=True, capture_output=True, timeout=120)
     for i, node in enumerate(self.nodes[1:], 1):
-      self.run(i, [ray, "start", f"--address={self.address}",
-                   f"--node-ip-address={node.address}", *common],
-               check=True, capture_output=True, timeout=120)
+      self._join(i, [ray, "start", f"--address={self.address}",
+                     f"--node-ip-address={node.address}", *common])
+
+  def _join(self, node: int, argv: list[str], attempts: int = JOIN_ATTEMPTS) -> None:
+    """`ray start --address` in node `node`, again after a failure (a head
+    still starting on a loaded machine refuses a node for a while); a
+    RuntimeError with Ray's last words once `attempts` failed."""
+    for attempt in range(attempts):
+      done = self.run(node, argv, capture_output=True, text=True, timeout=180)
+      if done.returncode == 0:
+        return
+      self.kill_node(node)  # what a failed start left, before the next
+      time.sleep(2 * (attempt + 1))
+    raise RuntimeError(f"node {node} did not join {self.address} in {attempts} attempts: "
+                       f"{(done.stderr or done.stdout)[-2000:]}")
 
   def pids(self) -> list[int]:
     """The processes in the cluster's namespaces."""

@@ -54,6 +54,6 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(jax|jaxlib|optax|flax|numpy|np|chex|tyro|ray|orbax|tf)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Protocol|NamedTuple)"),
     (r"py:.*", r"(Path|pathlib\.Path|optional|dataclasses\..*)"),
-    (r"py:class", r"(jaxdl\.registry\.T|Suppress|jaxdl\.algorithms\.compression\.CompressSpec)"),
+    (r"py:class", r"(jaxdl\.registry\.T|jaxdl\.engines\.base\.Slice|Suppress|jaxdl\.algorithms\.compression\.CompressSpec)"),
 ]
 suppress_warnings = ["mystnb.unknown_mime_type"]

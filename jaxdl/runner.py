@@ -16,7 +16,8 @@ from jaxdl import distributed, rundir, trace
 from jaxdl.build import Setup, assemble, build_task, prepare, resolve_task
 from jaxdl.cadence import Cadence
 from jaxdl.checkpoint import Checkpointer, abstract, placed_like
-from jaxdl.config import ENVIRONMENT, RUN_CONTROL_FIELDS, TASK_PREFIX, RunConfig, recorded
+from jaxdl.config import (ENVIRONMENT, RESOLVED, RUN_CONTROL_FIELDS, TASK_PREFIX, RunConfig,
+                          recorded)
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
 from jaxdl.engines.base import slice_of
@@ -127,8 +128,10 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
         if out.exists():
           rundir.clear_run_files(out)
       out.mkdir(parents=True, exist_ok=True)
-      rundir.write_json(out / rundir.CONFIG,
-                        {**recorded(config, plan.optim), ENVIRONMENT: rundir.environment()})
+      chosen = {"engine": built.engine_name, "batch_sizes": list(built.streams.batch_sizes),
+                "steps": built.total_steps}
+      rundir.write_json(out / rundir.CONFIG, {**recorded(config, plan.optim), RESOLVED: chosen,
+                                              ENVIRONMENT: rundir.environment()})
       rundir.write_json(out / rundir.CLUSTER, {"processes": built.engine.processes()})
       if announce is not None:
         announce(out)

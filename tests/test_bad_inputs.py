@@ -346,7 +346,7 @@ def test_a_target_or_price_out_of_range_is_refused(tmp_path, capsys, args, flag,
 
 @pytest.mark.parametrize("args, flag, says", [
     (["--algorithm", "asp", "--partition", "adaptive"], "--partition",
-     "static for asp: proportional and adaptive split a synchronous step's global batch"),
+     "static for asp: proportional and adaptive partition a synchronous step's global batch"),
     (["--algorithm", "bsp", "--partition", "random"], "--partition",
      "one of static, proportional, adaptive"),
     (["--algorithm", "bsp", "--partition", "adaptive", "--rebalance-every", "0"],
@@ -528,7 +528,7 @@ def test_more_workers_with_their_own_programs_than_cpu_threads_is_refused(tmp_pa
   """Each worker's program (here --compute-time's) holds one of XLA's CPU
   client threads while it waits for the others at the exchange: one worker
   more than it has threads would hang the run; it is refused instead."""
-  from jaxdl.engines.split import cpu_program_threads
+  from jaxdl.engines.own_programs import cpu_program_threads
   most = cpu_program_threads()
   out = tmp_path / "run"
   line = refused(capsys, [*RUN, "--out", str(out), "--algorithm", "ar_sgd", "--engine", "mesh",

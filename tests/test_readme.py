@@ -1,7 +1,12 @@
 """The documentation's worked examples run as written: your own task, adding an
-algorithm, adding an engine (docs/extending.md); and the README's algorithm tables."""
+algorithm, adding an engine (docs/extending.md); the README's commands and
+example, and its algorithm and engine tables against the registries."""
 import dataclasses
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import chex
@@ -10,9 +15,9 @@ import pytest
 
 import jaxdl
 import jaxdl.runner
-from jaxdl.algorithms import ALGORITHMS, Collective
+from jaxdl.algorithms import ALGORITHMS
 from jaxdl.config import RunConfig
-from jaxdl.engines import ENGINES, Engine
+from jaxdl.engines import ENGINES, Engine, engines_for
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -97,28 +102,94 @@ def test_the_task_example_trains_a_model_of_its_own(tmp_path, monkeypatch):
   assert (tmp_path / "runs" / "sum" / "summary.json").exists()
 
 
-def _rows(heading: str) -> list[str]:
-  """The rows of the first table under the README heading `heading`."""
+def _rows(heading: str, index: int = 0) -> list[list[str]]:
+  """The cells of the rows of table `index` under the README heading `heading`."""
   text = README.read_text()
-  body = text[text.index(f"{heading}\n"):].split("\n\n| ", 1)[1]
-  return ["| " + line if i == 0 else line for i, line in
-          enumerate(body.split("\n\n")[0].splitlines())][2:]
+  section = text[text.index(f"## {heading}\n"):].split("\n## ", 1)[0]
+  table = re.findall(r"(?:^\|.*\n)+", section, re.M)[index]
+  return [[c.strip() for c in line.strip().strip("|").split("|")]
+          for line in table.splitlines()[2:]]
 
 
-def test_the_algorithm_tables_are_the_registrys():
-  """Every algorithm of the package has its row, in the table of its
-  engines' kind, and every flag a row names is a flag of the run or of
-  that algorithm."""
-  tables = {Collective: _rows("### Synchronous algorithms on the device mesh"),
-            None: _rows("### Asynchronous algorithms on a simulated cluster")}
-  rows = {kind: {re.match(r"\| `(\w+)`", row).group(1): row for row in table}
-          for kind, table in tables.items()}
-  built_in = {n for n in ALGORITHMS if ALGORITHMS.get(n).build.__module__.startswith("jaxdl.")}
-  assert set(rows[Collective]) | set(rows[None]) == built_in
-  assert all(ALGORITHMS.get(n).family is Collective for n in rows[Collective])
-  assert all(ALGORITHMS.get(n).family is not Collective for n in rows[None])
-  run_flags = set(RunConfig().flat())
-  for name, row in {**rows[Collective], **rows[None]}.items():
-    settings = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).settings)}
-    for flag in re.findall(r"--([a-z][a-z-]*)", row):
-      assert flag.replace("-", "_") in run_flags | settings, (name, flag)
+def _names(cells: str) -> list[str]:
+  return [n.strip() for n in cells.split(",")]
+
+
+def test_the_algorithm_and_engine_tables_are_the_registrys():
+  """Every algorithm of the package has its row, with its family and the
+  engines that run it, and every flag a row names is that algorithm's; every
+  registered engine of the package has its row, with its families and
+  whether its runs are bitwise deterministic."""
+  rows = {re.fullmatch(r"`(\w+)`", r[0]).group(1): r for r in _rows("Algorithms and engines")}
+  built_in = [n for n in ALGORITHMS if ALGORITHMS.get(n).build.__module__.startswith("jaxdl.")]
+  assert list(rows) == built_in
+  for name, (_, family, engines, paper) in rows.items():
+    spec = ALGORITHMS.get(name)
+    assert family == spec.family.__name__.lower() and _names(engines) == engines_for(spec.family)
+    settings = {f.name for f in dataclasses.fields(spec.settings)}
+    assert all(flag.replace("-", "_") in settings for flag in re.findall(r"--([a-z-]+)", paper))
+  engines = {re.fullmatch(r"`(\w+)`", r[0]).group(1): r for r in _rows("Algorithms and engines", 1)}
+  assert list(engines) == [n for n in ENGINES if ENGINES.get(n).__module__.startswith("jaxdl.")]
+  for name, (_, families, deterministic) in engines.items():
+    engine = ENGINES.get(name)
+    assert _names(families) == [f.__name__.lower() for f in engine.families]
+    assert deterministic.startswith("yes" if engine.deterministic else "no")
+
+
+def _blocks(language: str) -> list[str]:
+  return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), re.S | re.M)
+
+
+def test_the_readme_python_example_runs(tmp_path, monkeypatch):
+  [code] = _blocks("python")
+  monkeypatch.chdir(tmp_path)
+  namespace: dict = {}
+  exec(compile(code, str(README), "exec"), namespace)
+  summary = namespace["summary"]
+  assert summary["algorithm"] == "asp" and summary["test_accuracy"] > 0.8
+  assert (tmp_path / "runs" / "asp" / "summary.json").exists()
+
+
+def test_the_readme_command_line_runs(tmp_path):
+  [_, _, command, _] = _blocks("bash")
+  assert command.startswith("jaxdl run ")
+  ran = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, timeout=600,
+                       env=dict(os.environ, PATH=os.pathsep.join(
+                           [str(Path(sys.executable).parent), os.environ["PATH"]])),
+                       capture_output=True, text=True)
+  assert ran.returncode == 0, ran.stderr[-2000:]
+  summary = json.loads((tmp_path / "runs" / "ssp" / "summary.json").read_text())
+  assert summary["algorithm"] == "ssp" and summary["test_accuracy"] > 0.8
+
+
+def test_the_set_up_commands_are_what_ci_runs():
+  """The two set-up commands: a fresh venv, the package installed from this
+  checkout under the lock file, then the main job or the tests; .ci/run makes
+  its environment and runs the tests the same way."""
+  main_job, tests = (block.strip() for block in _blocks("bash")[:2])
+  install = "python3 -m venv .venv && .venv/bin/pip install -e {} -c requirements.lock && "
+  assert main_job == install.format(".") + ".venv/bin/jaxdl compare"
+  assert tests == install.format("'.[test]'") + ".venv/bin/python -m pytest -n 2"
+  ci = (ROOT / ".ci" / "run").read_text()
+  assert 'python3 -m venv "$venv"' in ci and "-c requirements.lock" in ci
+  assert re.search(r"pip\" install --quiet -e '\.\[test[,\]]", ci)
+  assert '"$venv/bin/python" -m pytest -n 2 -q\n' in ci
+
+
+@pytest.mark.slow
+def test_the_main_job_runs_as_the_readme_says(tmp_path):
+  """`jaxdl compare` with its defaults: the tables printed, report.md and
+  its plots written under runs/compare."""
+  ran = subprocess.run([str(Path(sys.executable).parent / "jaxdl"), "compare"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=1800)
+  assert ran.returncode == 0, ran.stderr[-3000:]
+  report = tmp_path / "runs" / "compare" / "report.md"
+  assert report.exists() and "| 16 |" in ran.stdout
+  assert (tmp_path / "runs" / "compare" / "speedup_workers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_readmes_links_lead_somewhere():
+  """Every relative link of the README names a file of the checkout."""
+  links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README.read_text())
+  assert len(links) >= 13
+  assert [link for link in links if not (ROOT / link).exists()] == []

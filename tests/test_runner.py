@@ -91,6 +91,21 @@ def test_rerun_from_config_json(tmp_path):
   assert jaxdl.run(config)["params_fingerprint"] == first["params_fingerprint"]
 
 
+def test_config_json_records_what_the_run_chose(tmp_path):
+  """--engine auto, --batch-sizes unset and --epochs: config.json keeps them
+  as given and says, under "resolved", what the run chose; read back, the
+  config is the one given (a rerun chooses by the same rules)."""
+  given = RunConfig.make(out=str(tmp_path / "a"), algorithm="asp", workers=3,
+                         worker_speeds=(1.0, 1.0, 2.0), batch_size=16, **QUICK)
+  summary = jaxdl.run(given)
+  written = json.loads((tmp_path / "a" / "config.json").read_text())
+  assert written["algorithm"]["engine"] == "auto" and written["data"]["batch_sizes"] is None
+  # the global batch 3 x 16 in proportion to the speeds; the steps of 2 epochs
+  assert written["resolved"] == {"engine": "sim", "batch_sizes": [12, 12, 24],
+                                 "steps": summary["steps"]}
+  assert RunConfig.load(str(tmp_path / "a" / "config.json")) == given
+
+
 def _corrupt(checkpoint_dir):
   for path in checkpoint_dir.rglob("*"):
     if path.is_file() and "state" in path.parts and path.stat().st_size > 0:

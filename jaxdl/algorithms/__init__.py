@@ -64,15 +64,15 @@ def check(spec: AlgorithmSpec, config) -> None:
   if not 0 < cfg.bn_decay <= 1:
     raise ConfigError("bn_decay", cfg.bn_decay, "a factor in (0, 1]")
   if cfg.async_bn:
-    async_bn.check(spec.family, name)
-  asp.check_pull(spec.family, name, cfg.compress_pull)
+    async_bn.check(spec.family, name, names_of(*async_bn.RECEIVER))
+  asp.check_pull(spec.family, name, cfg.compress_pull, names_of(Centralized))
   servers = config.cluster.servers
   if servers != 1 and not spec.has_server:
     raise ConfigError("servers", servers, f"1: {name} keeps no parameter server to shard "
                       f"(these do: {names_of(*FAMILIES, server=True)})")
   if config.cluster.partition != "static" and spec.family is not Collective:
     raise ConfigError("partition", config.cluster.partition, f"static for {name}: "
-                      "proportional and adaptive split a synchronous step's global batch "
+                      "proportional and adaptive partition a synchronous step's global batch "
                       f"({names_of(Collective)})")
   if cfg.sync_bn and spec.family is not Collective:
     raise ConfigError("sync_bn", True, f"only with a collective algorithm ({names_of(Collective)}"

@@ -182,13 +182,14 @@ def staleness_defaults(num_workers: int) -> dict:
           "momentum": max(0.0, MOMENTUM - (1.0 - 1.0 / num_workers))}
 
 
-def check_pull(family: type, name: str, compress_pull: str) -> None:
+def check_pull(family: type, name: str, compress_pull: str, these: str) -> None:
   """A ConfigError naming --compress-pull unless it is none or algorithms of
-  `family` (here `name`) keep a parameter server that workers pull from."""
+  `family` (here `name`) keep a parameter server that workers pull from
+  (`these`: the registered algorithms that do, for the message)."""
   if compression.parse_compress(compress_pull, "compress_pull").name != "none" and (
       family is not Centralized):
     raise ConfigError("compress_pull", compress_pull, f"none for {name}: only a parameter "
-                      "server's reply to a pull is compressed (asp, ssp, dc_asgd, lc_asgd)")
+                      f"server's reply to a pull is compressed ({these})")
 
 
 def build_asp(settings: Settings, problem: Problem, num_workers: int) -> Centralized:

@@ -35,11 +35,12 @@ def moving_average(stats, reported, decay: float):
 RECEIVER = {Centralized: "apply", Elastic: "exchange"}
 
 
-def check(family: type, name: str) -> None:
-  """A ConfigError unless algorithms of `family` (here `name`) have a server."""
+def check(family: type, name: str, these: str = "") -> None:
+  """A ConfigError unless algorithms of `family` (here `name`) have a server
+  (`these`: the registered algorithms that do, for the message)."""
   if family not in RECEIVER:
-    raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server "
-                      f"(asp, ssp, easgd, dc_asgd, lc_asgd); {name} has none")
+    raise ConfigError("async_bn", True, "only for asynchronous algorithms with a server"
+                      f"{f' ({these})' if these else ''}; {name} has none")
 
 
 def wrap(algorithm: Centralized | Elastic, problem: Problem, decay: float,

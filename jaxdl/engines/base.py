@@ -71,7 +71,7 @@ class Engine(Protocol):
   order of events is the machine's: its trace replays on the sim)."""
   simulated: ClassVar[bool]
   """Whether it runs a simulated schedule: --engine auto's choice for a dry
-  run and a split of the global batch that changes."""
+  run and a partition of the global batch that changes."""
   central_process: ClassVar[bool]
   """Whether an asynchronous algorithm's parameter server or coordinator
   runs in a process of its own, whose CPU seconds the summary reports
@@ -141,10 +141,10 @@ def slowed(computed: float, modelled: float | None) -> float:
   return computed
 
 
-def split_workers(fields) -> bool:
+def runs_own_programs(fields) -> bool:
   """Whether a synchronous algorithm's workers on a real engine each run
-  their own program on their own share of the batch (jaxdl.engines.split):
-  its split changes (--partition), the workers are slowed for real
+  their own program on their own share of the batch (jaxdl.engines.own_programs):
+  its partition changes (--partition), the workers are slowed for real
   (--compute-time), or they have devices of their own (--worker-devices).
   `fields`: an engine's slice of the config that holds these three."""
   return (fields.partition != "static" or fields.compute_time is not None
@@ -160,9 +160,9 @@ def partition_policy(fields) -> Policy:
 
 def check_reduce(fields, spec: AlgorithmSpec, own_programs: bool) -> None:
   """--reduce device: only where each worker runs its own program
-  (`own_programs`: the engine can, `split_workers`: the config asks it)."""
+  (`own_programs`: the engine can, `runs_own_programs`: the config asks it)."""
   if fields.reduce != "host" and not (
-      own_programs and spec.family is Collective and split_workers(fields)):
+      own_programs and spec.family is Collective and runs_own_programs(fields)):
     raise ConfigError("reduce", fields.reduce, "host, unless each worker runs "
                       "its own program: a synchronous algorithm on an engine of real devices "
                       "with --partition proportional or adaptive, --compute-time or "
@@ -172,7 +172,7 @@ def check_reduce(fields, spec: AlgorithmSpec, own_programs: bool) -> None:
 def check_emulation(engine: type, fields) -> None:
   """On a real engine without --compute-time, the workers run at their own
   speed: the settings that vary an emulated batch time are refused, and so
-  are --worker-speeds that would not even split the batch (--batch-sizes).
+  are --worker-speeds that would not even partition the batch (--batch-sizes).
   `fields`: the engine's slice of the config, with cluster.EMULATED's
   fields, worker_speeds and batch_sizes."""
   if fields.compute_time is not None:
@@ -188,7 +188,7 @@ def check_emulation(engine: type, fields) -> None:
     raise ConfigError("worker_speeds", speeds, f"unset with --batch-sizes on --engine "
                       f"{engine.name} unless --compute-time is set: real workers run at their "
                       "own speed, which the speeds slow to an emulated compute time (without "
-                      "--batch-sizes they split the global batch)")
+                      "--batch-sizes they partition the global batch)")
 
 
 _SETUP_BUILDER: list[Callable[..., Any]] = []

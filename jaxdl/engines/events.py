@@ -21,7 +21,7 @@ from jaxdl.algorithms import (Batch, Centralized, Decentralized, Elastic, Gossip
 from jaxdl.algorithms.families import average_parts, exchange_parts, has_server
 from jaxdl.data import Streams
 from jaxdl.engines import base
-from jaxdl.engines.shards import Partition, sharded
+from jaxdl.engines.shards import ShardLayout, sharded
 
 
 def event_functions(algorithm: Family) -> dict[str, Callable]:
@@ -106,19 +106,19 @@ class MessageParts(NamedTuple):
 
 def check_servers(algorithm: Family, servers: int) -> None:
   """--servers k for a parameter server, refused (a ConfigError) where its
-  handlers do not split its leaves into k shards (Partition.of): asked by
+  handlers do not split its leaves into k shards (ShardLayout.of): asked by
   every engine that runs one, sim and ray, before it runs."""
   if servers > 1 and isinstance(algorithm, Centralized):
-    Partition.of(algorithm, *state_shapes(algorithm), servers)
+    ShardLayout.of(algorithm, *state_shapes(algorithm), servers)
 
 
 class EventPrograms:
   """The family's event functions, each jitted for one worker's state, and a
   worker's metric shares turned into its batch's means.
 
-  `servers` > 1: a parameter server split into that many shards
+  `servers` > 1: a parameter server sharded into that many shards
   (jaxdl.engines.shards): `pull` and `apply` run shard by shard, each
-  shard's program on its own leaves (`shards`, split by `partition`), as
+  shard's program on its own leaves (`shards`, laid out by `layout`), as
   the shards' processes run them."""
 
   def __init__(self, algorithm: Family, streams: Streams, servers: int = 1):
@@ -127,9 +127,9 @@ class EventPrograms:
     self.fns = {name: jax.jit(fn) for name, fn in event_functions(algorithm).items()}
     for composed in ("pair", "exchange"):  # run as the programs of their parts (below)
       self.fns.pop(composed, None)
-    self.partition, self.shards = None, []
+    self.layout, self.shards = None, []
     if servers > 1 and isinstance(algorithm, Centralized):
-      self.partition, self.shards, self.fns["pull"], self.fns["apply"] = sharded(
+      self.layout, self.shards, self.fns["pull"], self.fns["apply"] = sharded(
           algorithm, *state_shapes(algorithm), servers)
 
   def __getattr__(self, name: str) -> Callable:

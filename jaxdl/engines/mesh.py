@@ -2,7 +2,7 @@
 
 (Where the workers' shares of the batch differ in time, --partition
 proportional or adaptive, --compute-time, --worker-devices: each worker runs
-its own program in a thread of this process instead, jaxdl.engines.split.)
+its own program in a thread of this process instead, jaxdl.engines.own_programs.)
 
 M workers run on D devices, L = M / D per device: `jax.shard_map` over the
 mesh axis, `jax.vmap` over each device's workers, the algorithm's collectives
@@ -29,8 +29,8 @@ from jaxdl import distributed
 from jaxdl.algorithms import Batch, Collective, Problem, WorkerAxis
 from jaxdl.data import Streams
 from jaxdl.engines import base
-from jaxdl.engines.base import split_workers
-from jaxdl.engines.split import MeshSplit, SplitFields
+from jaxdl.engines.base import runs_own_programs
+from jaxdl.engines.own_programs import MeshOwnPrograms, OwnProgramsFields
 from jaxdl.errors import ConfigError
 from jaxdl.parallel.pipeline import STAGE_AXIS, bubble_fraction, stage_seconds
 from jaxdl.parallel.tensor import TENSOR_AXIS, dim_spec, indivisible, leaf_dims
@@ -77,9 +77,9 @@ class MeshState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshFields(SplitFields):
-  """The config fields the mesh engine reads: a real engine's (its split
-  workers', SplitFields), --workers and --sync-bn (checked against a model
+class MeshFields(OwnProgramsFields):
+  """The config fields the mesh engine reads: a real engine's (its own programs'
+  OwnProgramsFields), --workers and --sync-bn (checked against a model
   over several devices) and that model's layout."""
   workers: int
   sync_bn: bool
@@ -96,7 +96,7 @@ class MeshEngine(base.LocalProcess):
   fields = MeshFields
   own_fields = {
       "worker_devices": "it places each synchronous worker on a device of this process",
-      "parallelism": "a worker's model over several devices: its stages or its layers' splits",
+      "parallelism": "a worker's model over several devices: its stages or its layers' shardings",
   }
   placement = frozenset({"worker_devices"})
 
@@ -107,7 +107,7 @@ class MeshEngine(base.LocalProcess):
     if fields.worker_devices is not None:  # each names a device of this process
       distributed.worker_devices(fields.worker_devices, fields.workers)
     parallelism = fields.parallelism
-    if parallelism != "data" and (split_workers(fields) or fields.sync_bn):
+    if parallelism != "data" and (runs_own_programs(fields) or fields.sync_bn):
       raise ConfigError("parallelism", parallelism, "data with --partition, --compute-time, "
                         "--worker-devices or --sync-bn (a model over several devices is one "
                         "SPMD program)")
@@ -118,9 +118,9 @@ class MeshEngine(base.LocalProcess):
 
   def __new__(cls, algorithm: Collective, problem: Problem, streams: Streams,
               fields: MeshFields | None = None, *args, **kwargs):
-    if fields is not None and split_workers(fields):
-      # each worker its own program, on its own share and device (jaxdl.engines.split)
-      return MeshSplit(algorithm, problem, streams, fields, *args, **kwargs)
+    if fields is not None and runs_own_programs(fields):
+      # each worker its own program, on its own share and device (jaxdl.engines.own_programs)
+      return MeshOwnPrograms(algorithm, problem, streams, fields, *args, **kwargs)
     return super().__new__(cls)
 
   def __init__(self, algorithm: Collective, problem: Problem, streams: Streams,

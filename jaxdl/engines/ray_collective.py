@@ -1,6 +1,6 @@
 """The processes of a collective algorithm's run on ray (bsp, ar_sgd,
 local_sgd): `Process`, joined by jax.distributed and running the mesh
-engine's step; `SplitProcess`, one worker's share of the step, meeting the
+engine's step; `OwnProgramsProcess`, one worker's share of the step, meeting the
 others' collectives at an exchange actor (--partition, --compute-time).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from jaxdl.distributed import host_copy
 from jaxdl.engines.base import process_identity
 from jaxdl.engines.mesh import MeshEngine
-from jaxdl.engines.split import SplitWorker
+from jaxdl.engines.own_programs import ProgramWorker
 
 
 class Process:
@@ -78,8 +78,8 @@ class Process:
     return state if self.index == 0 else None
 
 
-class SplitProcess(SplitWorker):
-  """A `SplitWorker` as a process of its own (--engine ray): it builds its
+class OwnProgramsProcess(ProgramWorker):
+  """A `ProgramWorker` as a process of its own (--engine ray): it builds its
   algorithm and data stream from the recipe of its slice of the config
   (`fields`), and meets the other workers' collectives at the run's
   exchange actor, found by its name."""

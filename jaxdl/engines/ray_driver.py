@@ -19,7 +19,7 @@ from jaxdl.algorithms import Problem, Family
 from jaxdl.data import Streams
 from jaxdl.engines import base, ray_cluster, ray_placement
 from jaxdl.engines.base import Recipe
-from jaxdl.engines.split import SplitFields
+from jaxdl.engines.own_programs import OwnProgramsFields
 from jaxdl.errors import ConfigError
 
 INLINE_BYTES = 1 << 20
@@ -93,11 +93,12 @@ def _by_value(task) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class RayFields(SplitFields):
+class RayFields(OwnProgramsFields):
   """The config fields the ray engine and its actors read: a real engine's
-  (its split workers', SplitFields), the cluster to join, the node of its
-  central actor, where worker processes run and how long they wait for one
-  another; and the run's recipe, which each actor rebuilds the run from."""
+  (its workers' own programs', OwnProgramsFields), the cluster to join, the
+  node of its central actor, where worker processes run and how long they
+  wait for one another; and the run's recipe, which each actor rebuilds the
+  run from."""
   ray_address: str | None
   server_node: str | None
   pin_workers: bool

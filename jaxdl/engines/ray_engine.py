@@ -13,7 +13,7 @@ bit. A collective algorithm: M processes that jax.distributed joins, each
 running the mesh engine's step (`RayCollective`); or, where its workers'
 shares of the batch differ in time (--partition proportional or adaptive,
 --compute-time), M processes that each run the algorithm's step on their
-own share, their collectives meeting at one actor (`RaySplit`).
+own share, their collectives meeting at one actor (`RayOwnPrograms`).
 
 A local Ray instance listens on the loopback address only, starts no
 dashboard, and its processes end with the driver's however it ends;
@@ -44,13 +44,13 @@ from jaxdl.engines import base, ray_placement
 from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.host_axis import Exchange
 from jaxdl.engines.mesh import MeshEngine
-from jaxdl.engines.ray_collective import Process, SplitProcess
+from jaxdl.engines.ray_collective import Process, OwnProgramsProcess
 from jaxdl.engines.ray_coordinator import Coordinator
 from jaxdl.engines.ray_driver import RayFields, RayRun
 from jaxdl.engines.ray_peers import Peer
 from jaxdl.engines.ray_server import Server, Worker
 from jaxdl.engines.ray_shards import Shard, ShardedServer, ShardedWorker
-from jaxdl.engines.split import SplitRun
+from jaxdl.engines.own_programs import OwnProgramsRun
 from jaxdl.errors import ConfigError
 
 MAX_RESTARTS = 3
@@ -65,10 +65,10 @@ RESTART_TIMEOUT_S = 120.0
 class RayEngine(RayRun):
   """Runs an asynchronous algorithm on a Ray server actor and M worker actors:
   a parameter server that keeps every worker's state (centralized; with
-  --servers k, split over k shard actors besides), or a
+  --servers k, sharded over k shard actors besides), or a
   coordinator of workers that keep their own models (EASGD's center is at
   the coordinator; GoSGD's messages and AD-PSGD's averages go worker to
-  worker). A collective algorithm runs as `RayCollective`, or `RaySplit`."""
+  worker). A collective algorithm runs as `RayCollective`, or `RayOwnPrograms`."""
   families = (Collective, Centralized, Elastic, Gossip, Decentralized)
   deterministic = False
   central_process = True
@@ -84,10 +84,10 @@ class RayEngine(RayRun):
     servers = fields.servers
     if servers != 1 and spec.family is not Centralized:
       raise ConfigError("servers", servers, f"1 with --engine {cls.name} for {spec.name}, "
-                        "whose center is one actor (a parameter server's splits: "
+                        "whose center is one actor (a parameter server's shards: "
                         f"{names_of(Centralized)})")
     if fields.server_node is not None and spec.family is Collective and not (
-        base.split_workers(fields)):
+        base.runs_own_programs(fields)):
       raise ConfigError("server_node", fields.server_node, f"unset for {spec.name} on --engine "
                         f"{cls.name}: its processes meet through jax.distributed, with no "
                         "central actor (an exchange's, with --partition proportional or "
@@ -98,7 +98,7 @@ class RayEngine(RayRun):
   def __new__(cls, algorithm: Family, problem: Problem, streams: Streams, fields: RayFields,
               *args, **kwargs):
     if isinstance(algorithm, Collective):
-      run = RaySplit if base.split_workers(fields) else RayCollective
+      run = RayOwnPrograms if base.runs_own_programs(fields) else RayCollective
       return run(algorithm, problem, streams, fields, *args, **kwargs)
     return super().__new__(cls)
 
@@ -289,7 +289,7 @@ class RayCollective(RayRun):
   quickest process's, the time it waited for the last to begin the step.
   (A process slower inside the program holds the others at its collectives
   unseen: timing a worker's compute apart from them takes a program of its
-  own, `RaySplit`.)"""
+  own, `RayOwnPrograms`.)"""
   families = (Collective,)
 
   def __init__(self, algorithm: Family, problem: Problem, streams: Streams,
@@ -350,9 +350,9 @@ class RayCollective(RayRun):
     return self.layout.evaluated(state)
 
 
-class RaySplit(SplitRun, RayRun):
-  """The ray engine's form of `jaxdl.engines.split.SplitRun`: the M workers
-  are processes (`ray_collective.SplitProcess`), their collectives meeting at an
+class RayOwnPrograms(OwnProgramsRun, RayRun):
+  """The ray engine's form of `jaxdl.engines.own_programs.OwnProgramsRun`: the M workers
+  are processes (`ray_collective.OwnProgramsProcess`), their collectives meeting at an
   `Exchange` actor that sums in host memory or on a device (--reduce; on a
   GPU when the cluster has one)."""
 
@@ -366,9 +366,9 @@ class RaySplit(SplitRun, RayRun):
     self.server = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=0)(Exchange).options(
         name=name, max_concurrency=max(64, 4 * m), **self.placement.central_options()).remote(
             m, reduce)
-    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(SplitProcess).options(
+    self.workers = [ray.remote(num_cpus=0, max_restarts=0)(OwnProgramsProcess).options(
         **self.placement.worker_options(w)).remote(fields, w, name) for w in range(m)]
-    self._begin_split(fields, total_steps)
+    self._begin_partitions(fields, total_steps)
 
   def _all(self, method: str, *args) -> list:
     return self._wait([getattr(w, method).remote(*args) for w in self.workers])
@@ -400,7 +400,7 @@ class RaySplit(SplitRun, RayRun):
     return self._ray.get(self.server.reduce_seconds.remote())
 
   def figures(self) -> dict[str, Any]:
-    return self.split_figures(devices=self.num_workers,
+    return self.partition_figures(devices=self.num_workers,
                               processes=self.num_workers + 2)  # the exchange and the driver
 
 

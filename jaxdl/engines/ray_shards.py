@@ -1,4 +1,4 @@
-"""A parameter server on ray split into k shard actors (--servers k):
+"""A parameter server on ray sharded into k shard actors (--servers k):
 `ShardedServer` keeps the order, `Shard` holds its leaves of every state,
 `ShardedWorker` sends to and fetches from the shards directly.
 
@@ -21,7 +21,7 @@ from jaxdl.engines.ray_server import Server, Worker
 
 
 class ShardedServer(Server):
-  """A parameter server split into k shard actors (`Shard`,
+  """A parameter server sharded into k shard actors (`Shard`,
   jaxdl.engines.shards): this actor keeps the order, the clocks, the
   staleness bound and the trace; each pull, push and snapshot it grants gets
   the next sequence number, and every shard runs them in that order on its
@@ -33,7 +33,7 @@ class ShardedServer(Server):
     import ray
     super().__init__(fields, observed)
     self.shards = [ray.get_actor(name) for name in shards]
-    self.partition = self.programs.partition
+    self.layout = self.programs.layout
     self.seq = 0
 
   async def warm_up(self) -> None:
@@ -48,10 +48,10 @@ class ShardedServer(Server):
 
   async def _load(self) -> None:
     """Gives each shard its leaves of the state as it is now."""
-    split = self.partition.split
+    part = self.layout.part
     self.seq = 0
     await asyncio.gather(*[shard.load.remote(
-        split(self.server, s, True), [split(w, s, False) for w in self.workers],
+        part(self.server, s, True), [part(w, s, False) for w in self.workers],
         self.parts) for s, shard in enumerate(self.shards)])
 
   def _op(self, kind: str, w: int, *args) -> list:
@@ -80,7 +80,7 @@ class ShardedServer(Server):
     if kept is None:
       return None, means
     parts = await asyncio.gather(*kept)  # per shard: (server leaves, each worker's)
-    join = self.partition.join
+    join = self.layout.join
     server = join(self.server, [p[0] for p in parts], True)
     workers = [join(self.workers[w], [p[1][w] for p in parts], False) for w in range(self.m)]
     return self.state(server, await self._with_private(step, workers), clocks), means
@@ -96,7 +96,7 @@ class Shard:
     built = fields.recipe.rebuild()
     programs = EventPrograms(built.algorithm, built.streams, fields.servers)
     self.s, self.programs = s, programs.shards[s]
-    self.own = programs.partition.worker_leaves(s)
+    self.own = programs.layout.worker_leaves(s)
     self.next, self.changed, self.error = 0, asyncio.Condition(), None
     self.deposits: dict[tuple[int, int, int], list] = {}  # (worker, iteration, incarnation)
     self.replies: dict[int, tuple[int, list]] = {}  # worker -> (sequence number, leaves)
@@ -174,7 +174,7 @@ class ShardedWorker(Worker):
     import ray
     super().__init__(fields, worker, server)
     self.shards = [ray.get_actor(name) for name in shards]
-    self.own = [self.programs.partition.worker_leaves(s) for s in range(len(shards))]
+    self.own = [self.programs.layout.worker_leaves(s) for s in range(len(shards))]
 
   def _received(self, reply):
     import ray

@@ -1,8 +1,8 @@
-"""A parameter server split into k shards, each holding some of its leaves.
+"""A parameter server sharded into k shards, each holding some of its leaves.
 
 A parameter server's handlers (pull, apply) are pure functions of its whole
 state and a worker's. They split into k shards when their leaves do:
-`Partition.of` reads, in each handler's jaxpr, which leaves of its result
+`ShardLayout.of` reads, in each handler's jaxpr, which leaves of its result
 depend on which of its arguments, and groups the leaves into parts no
 handler mixes. Each shard runs the same handler on its own part (the others'
 leaves stand in as zeros, which the compiler drops as unused): the same math
@@ -15,7 +15,7 @@ payload) goes with that part.
 
 An update that reads every leaf (a global-norm clip; LAMB's per-leaf trust
 ratio is fine) leaves one part: such a server cannot be split, and
-`Partition.of` says so.
+`ShardLayout.of` says so.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _bytes(x) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Partition:
+class ShardLayout:
   """Which leaves of (server, worker) each of k shards holds: `shards[s]`,
   indices into the server's leaves followed by a worker's; `shared`, the
   leaves every shard holds."""
@@ -86,7 +86,7 @@ class Partition:
   shared: tuple[int, ...]
 
   @staticmethod
-  def of(algorithm: Centralized, server, worker, k: int) -> "Partition":
+  def of(algorithm: Centralized, server, worker, k: int) -> "ShardLayout":
     """Splits a parameter server's leaves (`server` and `worker`: states, or
     their shapes) into `k` shards of about equal bytes; a ConfigError
     ("servers") if its handlers mix them into fewer than k independent parts."""
@@ -155,7 +155,7 @@ class Partition:
       s = int(np.argmin(loads))
       loads[s] += size(part)
       shards[s] += part
-    return Partition(ns, tuple(tuple(sorted(s + list(shared))) for s in shards),
+    return ShardLayout(ns, tuple(tuple(sorted(s + list(shared))) for s in shards),
                      tuple(sorted(shared)))
 
   def server_leaves(self, s: int) -> tuple[int, ...]:
@@ -166,7 +166,7 @@ class Partition:
     """The indices into a worker's leaves that shard s holds."""
     return tuple(i - self.num_server for i in self.shards[s] if i >= self.num_server)
 
-  def split(self, tree, s: int, server: bool) -> list:
+  def part(self, tree, s: int, server: bool) -> list:
     """Shard s's leaves of a server's state (`server`) or a worker's."""
     flat = jax.tree.leaves(tree)
     return [flat[i] for i in (self.server_leaves(s) if server else self.worker_leaves(s))]
@@ -187,42 +187,42 @@ class ShardPrograms:
   -> (server, worker), each from and to lists of the shard's leaves (the
   others' stand in as zeros)."""
 
-  def __init__(self, algorithm: Centralized, server, worker, partition: Partition, s: int):
+  def __init__(self, algorithm: Centralized, server, worker, layout: ShardLayout, s: int):
     server, worker = jax.tree.map(_shape, (server, worker))
 
     def whole(tree, leaves, is_server):
       zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
-      return partition.join(zeros, [leaves], is_server, first=s)
+      return layout.join(zeros, [leaves], is_server, first=s)
 
     def pull(server_part, worker_part, seconds):
       new = algorithm.pull(whole(server, server_part, True),
                            whole(worker, worker_part, False), seconds)
-      return partition.split(new, s, False)
+      return layout.part(new, s, False)
 
     def apply(server_part, worker_part, seconds):
       new_server, new_worker = algorithm.apply(
           whole(server, server_part, True), whole(worker, worker_part, False), seconds)
-      return partition.split(new_server, s, True), partition.split(new_worker, s, False)
+      return layout.part(new_server, s, True), layout.part(new_worker, s, False)
 
     self.pull, self.apply = jax.jit(pull), jax.jit(apply)
 
 
 def sharded(algorithm: Centralized, server, worker, k: int):
   """A parameter server's pull and apply as k shards run them, each shard on
-  its own leaves: (partition, each shard's programs, pull, apply), the last
+  its own leaves: (layout, each shard's programs, pull, apply), the last
   two with the signatures of the algorithm's own."""
-  partition = Partition.of(algorithm, server, worker, k)
-  shards = [ShardPrograms(algorithm, server, worker, partition, s) for s in range(k)]
+  layout = ShardLayout.of(algorithm, server, worker, k)
+  shards = [ShardPrograms(algorithm, server, worker, layout, s) for s in range(k)]
 
   def pull(server, worker, seconds):
-    parts = [p.pull(partition.split(server, s, True), partition.split(worker, s, False),
+    parts = [p.pull(layout.part(server, s, True), layout.part(worker, s, False),
                     seconds) for s, p in enumerate(shards)]
-    return partition.join(worker, parts, False)
+    return layout.join(worker, parts, False)
 
   def apply(server, worker, seconds):
-    parts = [p.apply(partition.split(server, s, True), partition.split(worker, s, False),
+    parts = [p.apply(layout.part(server, s, True), layout.part(worker, s, False),
                      seconds) for s, p in enumerate(shards)]
-    return (partition.join(server, [new for new, _ in parts], True),
-            partition.join(worker, [new for _, new in parts], False))
+    return (layout.join(server, [new for new, _ in parts], True),
+            layout.join(worker, [new for _, new in parts], False))
 
-  return partition, shards, pull, apply
+  return layout, shards, pull, apply

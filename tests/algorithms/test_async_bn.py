@@ -13,7 +13,6 @@ from jaxdl.algorithms.asp import WorkerState
 from jaxdl.config import RunConfig
 from jaxdl.errors import ConfigError
 from jaxdl.algorithms import async_bn, lc_asgd
-from jaxdl.algorithms.families import Collective
 from jaxdl.models import build_model
 from jaxdl.task import classification
 from jaxdl.models.layers import BatchNorm, BatchStats
@@ -85,10 +84,11 @@ def test_async_bn_needs_a_server(name):
 
 def test_the_refusal_names_the_flag_and_the_algorithm():
   with pytest.raises(ConfigError) as error:
-    async_bn.check(Collective, "bsp")
+    algorithms.check(ALGORITHMS.get("bsp"), RunConfig.make(algorithm="bsp", async_bn=True))
   assert (error.value.field, error.value.value) == ("async_bn", True)
+  # the algorithms with a server, read from the registry
   assert str(error.value) == ("--async-bn=True is not valid: only for asynchronous algorithms "
-                              "with a server (asp, ssp, easgd, dc_asgd, lc_asgd); bsp has none")
+                              "with a server (asp, ssp, dc_asgd, lc_asgd, easgd); bsp has none")
   # and wrapping one directly, as a script could, is refused the same way
   problem = Problem(classification(build_model("mlp", 10, (8, 8, 1))), optax.sgd(0.1))
   bsp = algorithms.build(ALGORITHMS.get("bsp"), RunConfig.make(algorithm="bsp").settings(),

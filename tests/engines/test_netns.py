@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -35,8 +36,12 @@ def documented_ports() -> list[str]:
 @pytest.fixture(scope="module")
 def ray_cluster():
   """A head and two worker nodes, each a namespace with a Ray node (2 CPUs),
-  started with the documented ports."""
-  with NetnsCluster(workers=2) as cluster:
+  started with the documented ports from a process where a local Ray
+  instance ran before (it leaves Ray's switch that refuses other nodes in
+  the environment)."""
+  with mock.patch.dict(os.environ, {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}):
+    cluster = NetnsCluster(workers=2)
+  with cluster:
     cluster.start_ray(2, documented_ports())
     yield cluster
   assert leftovers(cluster.tag) == []

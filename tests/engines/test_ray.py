@@ -27,7 +27,7 @@ from jaxdl.engines.sim import message_bytes
 from jaxdl.errors import ConfigError
 from jaxdl.validation import validate
 from tests import marks
-from tests.engines.test_split import MEASURED, near_speeds
+from tests.engines.test_own_programs import MEASURED, near_speeds
 from tests.helpers import jaxdl_command, make_engine
 
 RUN = dict(dataset="digits", model="mlp", steps=12, batch_size=16, progress=False,
@@ -277,7 +277,7 @@ def test_measured_splits_on_processes_hold_in_each_of_5_runs(ray_instance, tmp_p
   """Three worker processes of speeds 1:3:3 made real (--compute-time 0.3),
   B = 96: proportional's split after a warm-up of three steps, from steady
   batch times (each compiled step's first run untimed, before the step), is
-  within 5% of (1:3:3) x 96 in each of 5 runs (tests/engines/test_split.py:
+  within 5% of (1:3:3) x 96 in each of 5 runs (tests/engines/test_own_programs.py:
   near_speeds); adaptive's workers (a split after the first step) idle no
   more than proportional's median run (up to three adaptive runs: a loaded
   machine's delays add waits to any run); and each run's summary has its

@@ -1,4 +1,4 @@
-"""A parameter server split into shards (jaxdl.engines.shards)."""
+"""A parameter server sharded into shards (jaxdl.engines.shards)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +9,7 @@ from jaxdl.algorithms import asp
 from jaxdl.build import prepare
 from jaxdl.config import RunConfig
 from jaxdl.engines.events import initial_state, one_batch, take
-from jaxdl.engines.shards import Partition, leaf_dependencies, sharded
+from jaxdl.engines.shards import ShardLayout, leaf_dependencies, sharded
 from jaxdl.errors import ConfigError
 from tests import marks
 
@@ -39,10 +39,10 @@ def test_shards_compute_what_one_server_would(name, optimizer, exact):
   setup = prepare(RunConfig.make(algorithm=name, model="mlp", workers=3, optimizer=optimizer))
   algorithm = setup.algorithm
   server, worker = _states(setup)
-  partition, shards, pull, apply = sharded(algorithm, server, worker, 2)
+  layout, shards, pull, apply = sharded(algorithm, server, worker, 2)
   n = len(jax.tree.leaves((server, worker)))
-  shared = set(partition.shared)
-  own = [set(s) - shared for s in partition.shards]
+  shared = set(layout.shared)
+  own = [set(s) - shared for s in layout.shards]
   assert own[0] and own[1] and not own[0] & own[1]  # each shard its own leaves
   assert own[0] | own[1] | shared == set(range(n))  # and every leaf somewhere
   seconds = jnp.float32(0.5)
@@ -61,14 +61,14 @@ def test_shards_compute_what_one_server_would(name, optimizer, exact):
 def test_counters_are_kept_by_every_shard_and_balance_is_by_bytes():
   setup = prepare(RunConfig.make(algorithm="asp", model="mlp", workers=3, optimizer="adam"))
   server, worker = _states(setup)
-  partition = Partition.of(setup.algorithm, server, worker, 2)
+  layout = ShardLayout.of(setup.algorithm, server, worker, 2)
   paths = _paths((server, worker))
   # adam's step count, read by every leaf's update, and the learning-rate
   # schedule's; not the server's version, which no other leaf reads
-  assert [paths[i] for i in partition.shared] == ["[0].opt_state[0].count",
+  assert [paths[i] for i in layout.shared] == ["[0].opt_state[0].count",
                                                   "[0].opt_state[1].count"]
   leaves = jax.tree.leaves((server, worker))
-  loads = [sum(leaves[i].nbytes for i in s) for s in partition.shards]
+  loads = [sum(leaves[i].nbytes for i in s) for s in layout.shards]
   largest = max(leaves[i].nbytes for i in range(len(leaves)))
   # the greedy split's bound: the largest part, a kernel's parameters, adam's
   # two moments, a worker's pulled copy and gradient
@@ -81,7 +81,7 @@ def test_an_update_that_mixes_every_leaf_cannot_be_split():
       setup.problem, 2, optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)))
   server, workers = initial_state(clipped, jax.random.key(0), 2)
   with pytest.raises(ConfigError) as error:
-    Partition.of(clipped, server, take(workers, 0), 2)
+    ShardLayout.of(clipped, server, take(workers, 0), 2)
   assert str(error.value) == (
       "--servers=2 is not valid: at most 1: this parameter server's update splits its leaves "
       "into 1 independent part(s) of more than 4096 elements (an optimizer that reads all of "
@@ -89,9 +89,9 @@ def test_an_update_that_mixes_every_leaf_cannot_be_split():
   # the plain server's: one per layer's kernel of more than 4096 elements, 2
   # of the mlp's 3 (its biases and last kernel are small parts, spread among them)
   server, worker = _states(setup)
-  assert len(Partition.of(setup.algorithm, server, worker, 2).shards) == 2
+  assert len(ShardLayout.of(setup.algorithm, server, worker, 2).shards) == 2
   with pytest.raises(ConfigError, match="--servers=3 is not valid: at most 2"):
-    Partition.of(setup.algorithm, server, worker, 3)
+    ShardLayout.of(setup.algorithm, server, worker, 3)
 
 
 def test_dependencies_are_read_inside_nested_calls():

@@ -1,4 +1,4 @@
-"""Workers that each run their own program (jaxdl.engines.split) on the
+"""Workers that each run their own program (jaxdl.engines.own_programs) on the
 mesh engine: threads of one process, each on its own device and its own
 share of the global batch, their collectives meeting at an in-memory
 exchange. (The ray engine's processes: tests/engines/test_ray.py.)"""
@@ -11,7 +11,7 @@ import jaxdl
 from jaxdl import trace
 from jaxdl.config import RunConfig
 from jaxdl.validation import validate
-from jaxdl.engines.split import MeshSplit, SplitWorker
+from jaxdl.engines.own_programs import MeshOwnPrograms, ProgramWorker
 from jaxdl.errors import ConfigError
 from tests.helpers import make_engine, train
 from tests.marks import default_first
@@ -170,7 +170,7 @@ def test_workers_on_devices_of_their_own_give_the_same_bits():
   runs = {}
   for devices in (("cpu:0", "cpu:3", "cpu:5"), ("cpu:1", "cpu:1", "cpu:2")):
     engine = make_engine(config.replace(worker_devices=devices))
-    assert isinstance(engine, MeshSplit)
+    assert isinstance(engine, MeshOwnPrograms)
     assert [w.device.id for w in engine.workers] == [int(d[4:]) for d in devices]
     state = train(engine, 6)[0]
     assert [list(jax.tree.leaves(w.state)[0].devices())[0].id for w in engine.workers] == [
@@ -187,13 +187,13 @@ def test_workers_on_devices_of_their_own_give_the_same_bits():
 def test_a_failing_worker_stops_the_step_without_leaving_the_others_waiting(monkeypatch):
   engine = make_engine(RunConfig.make(**{**RUN, "worker_devices": ("cpu", "cpu", "cpu")}))
   state = engine.init(jax.random.key(0))
-  real = SplitWorker.step
+  real = ProgramWorker.step
 
   def step(self, t, fields=None):
     if self.w == 1:
       raise ValueError("worker 1 broke")
     return real(self, t, fields)
-  monkeypatch.setattr(SplitWorker, "step", step)
+  monkeypatch.setattr(ProgramWorker, "step", step)
   start = time.perf_counter()
   with pytest.raises(ValueError, match="worker 1 broke"):
     engine.step(state, 0)

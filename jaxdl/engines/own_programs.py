@@ -10,11 +10,11 @@ on its own share of the global batch, and the step's collectives meet at an
 `Exchange` (jaxdl.engines.host_axis). The algorithm's math is its own step,
 unchanged.
 
-`SplitWorker` is a worker (host state: its algorithm state, its compiled
-steps, its clock); `SplitRun` is what drives them, on any engine that can
+`ProgramWorker` is a worker (host state: its algorithm state, its compiled
+steps, its clock); `OwnProgramsRun` is what drives them, on any engine that can
 call every worker's method at once (`_all`): the mesh engine's threads in one
-process (`MeshSplit`), or the ray engine's processes
-(`jaxdl.engines.ray_engine.RaySplit`).
+process (`MeshOwnPrograms`), or the ray engine's processes
+(`jaxdl.engines.ray_engine.RayOwnPrograms`).
 """
 from __future__ import annotations
 
@@ -43,11 +43,11 @@ small changes of its size reuse one compiled step."""
 
 
 @dataclasses.dataclass(frozen=True)
-class SplitFields(CostFields):
-  """The config fields that a real engine (mesh, ray) reads to split a
-  synchronous algorithm's workers (base.split_workers), to check and
+class OwnProgramsFields(CostFields):
+  """The config fields that a real engine (mesh, ray) reads to partition a
+  synchronous algorithm's workers (base.runs_own_programs), to check and
   emulate their compute times (base.check_emulation: the cost model's
-  fields) and to run them (`SplitWorker`, `SplitRun`): where their
+  fields) and to run them (`ProgramWorker`, `OwnProgramsRun`): where their
   collectives sum, the partition policy, the runner's cadence."""
   batch_sizes: tuple[int, ...] | None
   reduce: str
@@ -65,7 +65,7 @@ def padded_size(b: int) -> int:
   return -(-b // PAD_TO) * PAD_TO
 
 
-class SplitWorker:
+class ProgramWorker:
   """Worker `worker` of a synchronous algorithm (its engine's slice of the
   config `fields`, `problem`'s model and every worker's `streams`), running
   its step as a program of its own on its share of each global batch
@@ -80,7 +80,7 @@ class SplitWorker:
   compute took less; its batch is then late at the exchange, as a slow
   device's would be."""
 
-  def __init__(self, fields: SplitFields, algorithm, problem, streams, worker: int,
+  def __init__(self, fields: OwnProgramsFields, algorithm, problem, streams, worker: int,
                meet: Callable, device=None):
     self.w, self.streams, self.algorithm = worker, streams, algorithm
     self.m = streams.num_workers
@@ -128,7 +128,7 @@ class SplitWorker:
     self._put(take(workers, self.w))
 
   def repartition(self, changes: list) -> None:
-    """The run's splits so far: (first step, sizes) after the step-0 sizes."""
+    """The run's partitions so far: (first step, sizes) after the step-0 sizes."""
     self.streams.repartition(Partitions(self.streams.batch_sizes, changes))
 
   def padded_batch(self, t: int) -> tuple[dict, np.ndarray]:
@@ -196,21 +196,21 @@ class SplitWorker:
     return jax.device_get(self.state)
 
 
-class SplitRun:
-  """Drives M `SplitWorker`s one synchronous step at a time: feeds their
-  measured batch times to the partition policy and hands them each new split
+class OwnProgramsRun:
+  """Drives M `ProgramWorker`s one synchronous step at a time: feeds their
+  measured batch times to the partition policy and hands them each new partition
   before the step it starts at. Every batch time is a steady one: before
-  the first step and each split, every worker makes its step for its size
-  ready (compiled and run once, `SplitWorker.ready`), none timed meanwhile.
+  the first step and each partition, every worker makes its step for its size
+  ready (compiled and run once, `ProgramWorker.ready`), none timed meanwhile.
   The trace holds each step's end, each worker's idle time before it
-  ("wait") and each split ("partition"), on a clock of the steps' wall
+  ("wait") and each partition ("partition"), on a clock of the steps' wall
   times (readying excluded, as the evaluations between steps). An engine
   sets `algorithm`, `problem`, `streams`, `num_workers`, `name` and calls
-  `_begin_split`, and gives `_all(method, *args)` (every worker's reply, in
+  `_begin_partitions`, and gives `_all(method, *args)` (every worker's reply, in
   worker order) and `_reduce_seconds()`."""
   families = (Collective,)
 
-  def _begin_split(self, fields: SplitFields, total_steps: int) -> None:
+  def _begin_partitions(self, fields: OwnProgramsFields, total_steps: int) -> None:
     self.reduce, self.total_steps = fields.reduce, total_steps
     self.partitioner = Partitioner(base.partition_policy(fields), self.streams.batch_sizes)
     self.changes: list[tuple[int, tuple[int, ...]]] = []
@@ -227,7 +227,7 @@ class SplitRun:
 
   def _runs_ahead(self, step: int) -> bool:
     """Whether step + 1 may begin as soon as the workers end `step`, with
-    nothing from the driver in between: no split may come after it, and
+    nothing from the driver in between: no partition may come after it, and
     neither the state after it nor a step beyond the run is wanted."""
     return (step + 2 < self.total_steps and not self.cadence.observes(step + 1)
             and not self.partitioner.due(self.partitioner.observed + 1))
@@ -243,7 +243,7 @@ class SplitRun:
   def step(self, state, step: int):
     if not self.begun:
       self.begun = True
-      if step:  # from a checkpoint's state; the policy starts again from the static split
+      if step:  # from a checkpoint's state; the policy starts again from the static partition
         self._all("begin", state)
       self._all("ready", step)  # all compiled and run once before any is timed
     begin = time.perf_counter() if self.ended is None else self.ended
@@ -261,7 +261,7 @@ class SplitRun:
     # idle: the step's time less its own batch's
     self.events += base.synchronous_events(self.clock, step,
                                            [max(0.0, took - s) for s in seconds])
-    # (no split after the last step: none would take it)
+    # (no partition after the last step: none would take it)
     sizes = self.partitioner.observe(seconds) if step + 1 < self.total_steps else None
     if sizes is not None:
       self.changes.append((step + 1, sizes))
@@ -275,7 +275,7 @@ class SplitRun:
   def trace(self) -> list[trace.Event]:
     return self.events
 
-  def split_figures(self, devices: int, processes: int) -> dict[str, Any]:
+  def partition_figures(self, devices: int, processes: int) -> dict[str, Any]:
     return {**base.figures(self.name, self.algorithm, self.problem, self.streams,
                            devices=devices, workers_per_device=1, processes=processes),
             # (trace_time_s: the steps' seconds, without readying or evaluating)
@@ -288,7 +288,7 @@ class SplitRun:
             # (outside its batch times; the others wait for it at the exchange)
             "compile_s_per_worker": self._all("compile_seconds"),
             # each worker's runs left out of its batch times: a compiled
-            # step's first, run before the step it is for (`SplitWorker.ready`)
+            # step's first, run before the step it is for (`ProgramWorker.ready`)
             "untimed_runs_per_worker": self._all("untimed_runs")}
 
   def report(self, state) -> dict[str, float]:
@@ -322,24 +322,24 @@ def _check_cpu_threads(devices) -> None:
                       "(XLA_FLAGS=--xla_force_host_platform_device_count=N)")
 
 
-class MeshSplit(SplitRun, base.LocalProcess):
-  """The mesh engine's form of `SplitRun`: the M workers are threads of this
+class MeshOwnPrograms(OwnProgramsRun, base.LocalProcess):
+  """The mesh engine's form of `OwnProgramsRun`: the M workers are threads of this
   process, each on its own device (--worker-devices: several kinds of device
   in one synchronous step, e.g. an accelerator and the CPU), their
   collectives meeting at one `Exchange` in memory (--reduce)."""
   name = "mesh"
 
-  def __init__(self, algorithm, problem, streams, fields: SplitFields, total_steps: int):
+  def __init__(self, algorithm, problem, streams, fields: OwnProgramsFields, total_steps: int):
     self.algorithm, self.problem, self.streams = algorithm, problem, streams
     self.num_workers = m = streams.num_workers
     self.exchange = Exchange(m, fields.reduce)
     devices = distributed.worker_devices(fields.worker_devices, m)
     _check_cpu_threads(devices)
-    self.workers = [SplitWorker(fields, algorithm, problem, streams, w,
+    self.workers = [ProgramWorker(fields, algorithm, problem, streams, w,
                                 self.exchange.collective, devices[w]) for w in range(m)]
     self.devices = len(set(devices))
     self.pool = concurrent.futures.ThreadPoolExecutor(m, thread_name_prefix="jaxdl-worker")
-    self._begin_split(fields, total_steps)
+    self._begin_partitions(fields, total_steps)
 
   def _all(self, method: str, *args) -> list:
     return self._results([self.pool.submit(getattr(w, method), *args) for w in self.workers])
@@ -364,7 +364,7 @@ class MeshSplit(SplitRun, base.LocalProcess):
     return self.exchange.reduce_seconds()
 
   def figures(self) -> dict[str, Any]:
-    return self.split_figures(devices=self.devices, processes=1)
+    return self.partition_figures(devices=self.devices, processes=1)
 
   def close(self) -> None:
     self.pool.shutdown(wait=False, cancel_futures=True)
