@@ -147,7 +147,7 @@ class DistributedConfig:
   server_node: str | None = None
   """--engine ray: the address of the Ray node (as `ray start --node-ip-address` gave it, or Ray found it) that runs the run's central actor (an asynchronous algorithm's parameter server and its shards, or coordinator; a synchronous one's exchange); unset: the driver's node. The workers go round robin over the cluster's other nodes; a worker whose node dies is restarted on another."""
   reduce: str = "host"
-  """A synchronous algorithm whose workers run their own programs (--engine mesh or ray with --partition proportional or adaptive, --compute-time or --worker-devices): where the workers' collectives are summed, host (in host memory, numpy) or device (put on a device: the default one, on ray a GPU where the cluster has one; summed there, copied back); the same result, timed as reduce_s in summary.json."""
+  """A synchronous algorithm whose workers run their own programs (--engine mesh or ray with --partition proportional or adaptive, --compute-time or --worker-devices): where the workers' collectives are summed, host (in host memory, numpy) or device (put on a device: the default one, on ray a GPU where the exchange's node (--server-node) has one; summed there, copied back); the same result, timed as reduce_s in summary.json."""
   worker_devices: tuple[str, ...] | None = None
   """--engine mesh, a synchronous algorithm: each worker's device, PLATFORM[:INDEX] (e.g. gpu cpu cpu: one worker on the accelerator and two on the CPU in one synchronous step); each worker then runs its own program on its own device (as with --partition proportional or adaptive, or --compute-time). Unset: worker w on the default backend's device w mod their number."""
   pin_workers: bool = False

@@ -23,9 +23,13 @@ from jaxdl.engines.own_programs import OwnProgramsFields
 from jaxdl.errors import ConfigError
 
 INLINE_BYTES = 1 << 20
-"""A local instance sends a message of up to this many bytes inside the call
-(a small model's parameters), not through its shared-memory object store:
-about 1.6x the samples per second for the mlp and the cnn (BENCHMARKS.md)."""
+"""A ray run sends a message of up to this many bytes inside the call (a
+small model's parameters), not through Ray's object store: on a local
+instance about 1.6x the samples per second for the mlp and the cnn; across
+three nodes, 2.2x for asp's (BENCHMARKS.md)."""
+INLINE = "RAY_max_direct_call_object_size"
+"""Ray's setting of that size, for a process of a cluster that this run
+joins (a local instance's is its system config)."""
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch that makes a local instance bind to 127.0.0.1 only (its
@@ -58,8 +62,11 @@ def connect(address: str | None) -> bool:
       if address is None:
         options = {"num_cpus": os.cpu_count(), "_system_config": {
             "max_direct_call_object_size": INLINE_BYTES}}
-      else:  # a driver attaches to its own machine's node
-        options = {} if loopback else {"_node_ip_address": ray_cluster.own_node(address)}
+      else:  # the run's processes inline as a local instance's; the driver on its node
+        os.environ.setdefault(INLINE, str(INLINE_BYTES))
+        options = {"runtime_env": {"env_vars": {INLINE: os.environ[INLINE]}}}
+        if not loopback:
+          options["_node_ip_address"] = ray_cluster.own_node(address)
       ray.init(address=address or "local", include_dashboard=False, configure_logging=False,
                log_to_driver=True, **options)
   except (ConnectionError, RuntimeError, ValueError) as e:
