@@ -6,6 +6,13 @@ same config (its simulated time). Prints each ratio, predicted / measured.
 
   python -m bench.calibration                      # mlp, 300 steps a run
   python -m bench.calibration --model cnn --steps 200
+
+On a cluster of several machines, the profile measures the links too, and
+each ray run's workers go round robin over the machines other than the
+driver's (a cluster of network namespaces, links shaped to 100 Mb/s):
+
+  sudo .venv/bin/python -m bench.netns_cluster --workers 2 --rate 100mbit -- \
+      .venv/bin/python -m bench.calibration --ray-address {address}
 """
 from __future__ import annotations
 
@@ -33,12 +40,15 @@ class Args:
   """Updates of each of the profile's one-worker runs."""
   algorithms: tuple[str, ...] = ("asp", "ssp", "gosgd")
   workers: tuple[int, ...] = (2, 4)
+  ray_address: str | None = None
+  """A Ray cluster to measure and run on (HOST:PORT); unset: a local instance."""
 
 
 def main(args: Args) -> None:
-  ray_driver.connect(None)
+  ray_driver.connect(args.ray_address)
   print(f"machine: {machine()}")
-  base = RunConfig.make(model=args.model, batch_size=args.batch_size, progress=False)
+  base = RunConfig.make(model=args.model, batch_size=args.batch_size, progress=False,
+                        ray_address=args.ray_address)
   with tempfile.TemporaryDirectory() as tmp:
     profile = calibrate.calibrate(base.replace(steps=args.calibration_steps),
                                   announce=lambda line: None)
@@ -54,7 +64,7 @@ def main(args: Args) -> None:
         config = base.replace(algorithm=algorithm, workers=m, steps=args.steps,
                               eval_every=args.steps, checkpoint_every=args.steps)
         ray = jaxdl.run(config.replace(engine="ray", out=f"{tmp}/{algorithm}-{m}-ray"))
-        sim = jaxdl.run(config.replace(engine="sim", cluster=str(path),
+        sim = jaxdl.run(config.replace(engine="sim", cluster=str(path), ray_address=None,
                                        out=f"{tmp}/{algorithm}-{m}-sim"))
         measured, predicted = ray["trace_time_s"], sim["simulated_time_s"]
         rows.append({"algorithm": algorithm, "workers": m, "ray_s": measured,
@@ -64,7 +74,8 @@ def main(args: Args) -> None:
     worst = max(abs(r["ratio"] - 1) for r in rows)
     print(f"largest error: {100 * worst:.0f}%")
     print(json.dumps({"profile": {k: profile[k] for k in (
-        "compute_time", "server_time", "order_time")}, "runs": rows}))
+        "compute_time", "server_time", "order_time", "latency", "bandwidth", "worker_nodes",
+        "central_bandwidth")}, "links": profile["measured"].get("links"), "runs": rows}))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Sequence
 
 RAY_PORT = 6379
+BURST = "32kb"
+"""A shaped link's token bucket, in tc's units."""
 BRIDGE = "br0"
 _MADE = itertools.count()  # clusters made by this process
 ETC = Path("/etc/netns")
@@ -131,9 +133,13 @@ class NetnsCluster:
           f"127.0.0.1 localhost\n{node.address} {socket.gethostname()}\n")
     return self
 
-  def shape(self, node: int, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
+  def shape(self, node: int, rate: str, burst: str = BURST, latency: str = "50ms") -> None:
     """Limits node `node`'s link to `rate` (tc's units: 1gbit, 100mbit) in
-    both directions with a token bucket (`tbf`)."""
+    both directions with a token bucket (`tbf`) of `burst` bytes: a small
+    bucket, as a link of that rate, which sends no message faster than its
+    rate; a large one lets a message of up to its size through at once,
+    after a pause (a 256 kB bucket made a 100 Mb/s link carry the mlp's
+    200 kB messages at about 2 x its rate)."""
     n = self.nodes[node]
     for namespace, device in ((n.name, "eth0"), (self.switch, n.port)):
       subprocess.run(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
@@ -266,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rate", default=None,
                       help="each worker node's link rate, tc units (1gbit, 100mbit); "
                            "default: unshaped")
+  parser.add_argument("--burst", default=BURST,
+                      help=f"the shaped links' token bucket, tc units (default {BURST})")
   parser.add_argument("--cpus", type=int, default=2, help="Ray CPUs per node (default 2)")
   parser.add_argument("--no-ray", action="store_true", help="the network alone, no Ray nodes")
   parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -284,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.up()
     if args.rate:
       for i in range(1, len(cluster.nodes)):
-        cluster.shape(i, args.rate)
+        cluster.shape(i, args.rate, args.burst)
     if not args.no_ray:
       cluster.start_ray(args.cpus)
     print(f"netns_cluster: head {cluster.address}, nodes "

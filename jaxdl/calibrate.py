@@ -28,6 +28,15 @@ counts it in these two times and sets the links between workers free
 server or coordinator serves one call at a time, which is what limits a
 parameter server from 2 workers on (BENCHMARKS.md, "Calibrating the
 simulator against the ray engine").
+
+On a cluster of several machines (`--ray-address`), the engine first
+measures the links between the central actor's machine and the others,
+where the workers run (`Engine.links`: latency, bandwidth, the number of
+worker machines, what the central machine receives from all at once); the
+measuring runs' worker is on another machine than the central actor, so a
+worker's cycle less its gradient less its messages' modelled time on the
+link is the central actor's upper bound. The simulator then sends each
+message over its worker machine's link, shared by the workers there.
 """
 from __future__ import annotations
 
@@ -43,9 +52,10 @@ import jax
 import numpy as np
 
 from jaxdl.algorithms import ALGORITHMS, AlgorithmSpec, Centralized, Gossip
+from jaxdl.build import prepare
 from jaxdl.cluster import Profile
 from jaxdl.config import RunConfig
-from jaxdl.engines import ENGINES
+from jaxdl.engines import ENGINES, base
 from jaxdl.errors import ConfigError
 from jaxdl.runner import run
 
@@ -104,6 +114,7 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
                       "unset: a profile is measured for one --batch-size")
   config = config.replace(steps=config.train.steps or DEFAULT_STEPS)
   measuring = probes()
+  links = _links(config, announce)
   with tempfile.TemporaryDirectory(prefix="jaxdl-calibrate-") as tmp:
     runs = {}
     for algorithm in measuring.values():
@@ -111,29 +122,55 @@ def calibrate(config: RunConfig, announce: Callable[[str], None] = print) -> dic
       runs[algorithm] = _measure(config, algorithm, Path(tmp) / algorithm)
   server, order = runs[measuring["server_time"]], runs[measuring["order_time"]]
   compute, cores = server["compute_time"], len(os.sched_getaffinity(0))
+  # what a parameter server's update sends over a worker machine's link: a
+  # pull and a push (on one machine, nothing)
+  server["link_s"] = 2 * (links["latency"] + links["links"]["message_bytes"]
+                          / links["bandwidth"]) if links else 0.0
+  order["link_s"] = 0.0
   for r in runs.values():
     # What brackets the busy central actor's time per call: its CPU seconds
     # per call (all its threads) below, a worker's whole cycle less its
-    # gradient (the messages and both ends' work) above; the profile takes
-    # their mean (BENCHMARKS.md: the busy server's measured time lies between)
+    # gradient and its messages' time on a link (the messages' and both
+    # ends' work) above; the profile takes their mean (BENCHMARKS.md: the
+    # busy server's measured time lies between)
     r["cpu_bound"] = r["central_cpu_s"] / r["updates"]
-    r["cycle_bound"] = max(r["seconds"] / r["updates"] - compute, 0.0)
+    r["cycle_bound"] = max(r["seconds"] / r["updates"] - compute - r["link_s"], 0.0)
     # and a lower bound once the workers keep it busy: every process's CPU
     # seconds per call (the machine's) shared by its cores
     r["machine_bound"] = (r["machine_cpu_s"] or 0.0) / r["updates"] / cores
   central = lambda r: max((r["cpu_bound"] + r["cycle_bound"]) / 2, r["machine_bound"])
+  network = {k: links[k] for k in ("latency", "bandwidth", "worker_nodes",
+                                   "central_bandwidth")} if links else {}
   profile = Profile(model=config.model.model, dataset=config.data.dataset,
                     batch_size=config.data.batch_size, compute_time=compute,
-                    server_time=central(server), order_time=central(order))
+                    server_time=central(server), order_time=central(order), **network)
   import ray
-  return {**dataclasses.asdict(profile), "measured": runs,
+  measured = {**runs, **({"links": links["links"]} if links else {})}
+  return {**dataclasses.asdict(profile), "measured": measured,
           "machine": {"host": platform.node(), "cores": cores,
                       "processor": platform.processor() or platform.machine(),
                       "jax": jax.__version__, "ray": ray.__version__},
           "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def _links(config: RunConfig, announce: Callable[[str], None]) -> dict[str, Any] | None:
+  """The links between the machines of the measuring engine's processes
+  (`Engine.links`), for messages of the model's size; None: one machine."""
+  chosen = ENGINES.get(engine())
+  measure = getattr(chosen, "links", None)
+  if measure is None:
+    return None
+  setup = prepare(config.replace(algorithm=probes()["server_time"], engine=engine(), workers=1))
+  nbytes = setup.problem.model_bytes()
+  announce(f"measuring the links between the machines with messages of {nbytes:,} bytes")
+  return measure(base.slice_of(setup.config, chosen.fields), nbytes)
+
+
 def summary_line(profile: dict[str, Any]) -> str:
   ms = lambda k: f"{np.float64(profile[k]) * 1e3:.2f} ms"
-  return (f"compute {ms('compute_time')} a batch, server {ms('server_time')} an update, "
+  line = (f"compute {ms('compute_time')} a batch, server {ms('server_time')} an update, "
           f"coordinator {ms('order_time')} an event")
+  if profile.get("worker_nodes"):
+    line += (f"; {profile['worker_nodes']} worker machines, each link "
+             f"{profile['bandwidth'] * 8 / 1e6:,.0f} Mb/s and {ms('latency')} a message")
+  return line

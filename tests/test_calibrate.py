@@ -62,6 +62,9 @@ def test_the_simulator_runs_a_measured_profile_by_hand(tmp_path):
     (json.dumps({**PROFILE, "server_time": -1}), "seconds >= 0 (compute time > 0)"),
     (json.dumps({**PROFILE, "compute_time": 0}), "seconds >= 0 (compute time > 0)"),
     (json.dumps({**PROFILE, "order_time": "fast"}), "seconds >= 0 (compute time > 0)"),
+    (json.dumps({**PROFILE, "worker_nodes": -1}), "a count of worker machines >= 0"),
+    (json.dumps({**PROFILE, "worker_nodes": 1.5}), "a count of worker machines >= 0"),
+    (json.dumps({**PROFILE, "central_bandwidth": 0}), "bandwidths > 0"),
 ])
 def test_a_bad_profile_is_refused_naming_the_file(tmp_path, content, allowed):
   path = tmp_path / "p.json"

@@ -123,8 +123,15 @@ class Profile:
   compute_time: float   # seconds per batch of a worker's gradient
   server_time: float    # a parameter server's seconds per update (push, apply, reply)
   order_time: float     # a coordinator's seconds per event it grants
-  latency: float = 0.0  # seconds per message between workers
-  bandwidth: float = 1e15  # bytes/s between workers
+  latency: float = 0.0  # seconds per message on a worker machine's link
+  bandwidth: float = 1e15  # bytes/s of a worker machine's link, each way
+  # the machines the workers go round robin over (worker w on the (w mod
+  # n)-th), each with one link that its workers share; 0: one machine,
+  # whose messages cost the processes' own work (server_time, order_time)
+  worker_nodes: int = 0
+  # bytes/s that the central process's machine receives from all the others
+  # at once; None: a worker machine's bandwidth
+  central_bandwidth: float | None = None
 
 
 def is_profile(cluster: str) -> bool:
@@ -148,11 +155,14 @@ def read_profile(path: str) -> Profile:
     raise ConfigError("cluster", path, f"{allowed}: it lacks {', '.join(missing)}")
   profile = Profile(**{f.name: data[f.name] for f in fields if f.name in data})
   numbers = (profile.compute_time, profile.server_time, profile.order_time, profile.latency,
-             profile.bandwidth)
-  if not (all(isinstance(t, (int, float)) and t >= 0 for t in numbers)
-          and profile.compute_time > 0 and profile.bandwidth > 0):
-    raise ConfigError("cluster", path, f"{allowed}: seconds >= 0 (compute time > 0) and a "
-                      "bandwidth > 0")
+             profile.bandwidth, profile.worker_nodes,
+             profile.bandwidth if profile.central_bandwidth is None else profile.central_bandwidth)
+  if not (all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0
+              for t in numbers)
+          and profile.compute_time > 0 and profile.bandwidth > 0 and numbers[-1] > 0
+          and float(profile.worker_nodes).is_integer()):
+    raise ConfigError("cluster", path, f"{allowed}: seconds >= 0 (compute time > 0), "
+                      "bandwidths > 0 and a count of worker machines >= 0")
   return profile
 
 
@@ -183,6 +193,12 @@ class CostModel:
   # bytes of a parameter server's compressed reply (--compress-pull); None:
   # a model's
   reply_bytes: float | None = None
+  # the machines the workers go round robin over, each with one link that
+  # its workers share (a measured cluster's: Profile.worker_nodes); 0: each
+  # worker its own link
+  worker_nodes: int = 0
+  # bytes/s of the parameter server's links; None: `bandwidth`
+  central_bandwidth: float | None = None
   _draws: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                    compare=False, hash=False)
 
@@ -196,6 +212,8 @@ class CostModel:
         ("network", self.bandwidth, self.bandwidth > 0, _BANDWIDTH_HELP),
         ("latency", self.latency, self.latency >= 0, "seconds >= 0"),
         ("servers", self.servers, self.servers >= 1, "an integer >= 1"),
+        ("cluster", self.worker_nodes, self.worker_nodes >= 0,
+         "a profile with a count of worker machines >= 0"),
         ("worker_speeds", speeds,
          len(speeds) == self.num_workers and all(s > 0 for s in speeds),
          f"{self.num_workers} speeds > 0, one per worker"),
@@ -206,7 +224,8 @@ class CostModel:
          "a factor >= 1"),
     ]
     # computed from the model, or read from a checked profile: never given
-    for name in ("model_bytes", "server_s", "order_s", "message_bytes", "reply_bytes"):
+    for name in ("model_bytes", "server_s", "order_s", "message_bytes", "reply_bytes",
+                 "central_bandwidth"):
       if (getattr(self, name) or 0) < 0:
         raise ValueError(f"{name} {getattr(self, name)!r}: >= 0")
     for field, value, ok, allowed in checks:
@@ -332,19 +351,23 @@ class Network:
   """The links of one simulated run, full duplex: each node sends on its uplink
   and receives on its downlink at full bandwidth (as ring all-reduce assumes).
 
-  Nodes are the workers and the k server shards; workers exchange over their
-  own links, all workers share the shards' links. Counts the bytes sent and, per
-  worker, the seconds its messages queued for a busy link (the "waiting time"
-  that grows with M at a parameter server).
+  Nodes are the workers (or, with `cost.worker_nodes` n, the n machines
+  they go round robin over, each machine's workers sharing its link, and
+  free between themselves) and the k server shards; workers exchange over
+  their own links, all workers share the shards' links. Counts the bytes
+  sent and, per worker, the seconds its messages queued for a busy link
+  (the "waiting time" that grows with M at a parameter server).
   """
 
   def __init__(self, cost: CostModel):
     self.cost = cost
-    link = lambda: Link(cost.bandwidth, cost.latency)
-    self.up = [link() for _ in range(cost.num_workers)]
-    self.down = [link() for _ in range(cost.num_workers)]
-    self.shard_up = [link() for _ in range(cost.servers)]
-    self.shard_down = [link() for _ in range(cost.servers)]
+    link = lambda bandwidth=cost.bandwidth: Link(bandwidth, cost.latency)
+    self.nodes = cost.worker_nodes or cost.num_workers
+    self.up = [link() for _ in range(self.nodes)]
+    self.down = [link() for _ in range(self.nodes)]
+    central = cost.bandwidth if cost.central_bandwidth is None else cost.central_bandwidth
+    self.shard_up = [link(central) for _ in range(cost.servers)]
+    self.shard_down = [link(central) for _ in range(cost.servers)]
     self.central_free = 0.0  # when the central process is next free
     self.bytes_total = 0.0
     self.queued_s = [0.0] * cost.num_workers
@@ -366,23 +389,28 @@ class Network:
   def push(self, worker: int, ready_time: float) -> float:
     """Arrival at the servers of `worker`'s message (a gradient, a model or
     an elastic difference; compressed with --compress)."""
-    return self._server(worker, ready_time, self.shard_down, self.cost.push_bytes)
+    return self._server(worker, ready_time, self.shard_down, self.up, self.cost.push_bytes)
 
   def pull(self, worker: int, ready_time: float) -> float:
     """Arrival at `worker` of the servers' model (compressed with
     --compress-pull), sent from `ready_time`."""
-    return self._server(worker, ready_time, self.shard_up, self.cost.pull_bytes)
+    return self._server(worker, ready_time, self.shard_up, self.down, self.cost.pull_bytes)
 
-  def _server(self, worker: int, ready_time: float, shards: list[Link],
+  def _server(self, worker: int, ready_time: float, shards: list[Link], nodes: list[Link],
               nbytes: float) -> float:
     # The message is split into k equal parts sent in parallel, one per shard;
-    # each shard's link is shared by all workers. The worker's own link only
+    # each shard's link is shared by all workers. A worker's own link only
     # caps the whole at nbytes / bandwidth: it carries nothing else meanwhile
-    # in a PS schedule, so it is not reserved.
+    # in a PS schedule, so it is not reserved; a machine's link, which its
+    # workers share, is.
     part = nbytes / len(shards)
-    arrival = ready_time + self.cost.transfer_time(nbytes)
+    arrival, queued = ready_time + self.cost.transfer_time(nbytes), self.queued_s[worker]
     for shard in shards:
       arrival = max(arrival, self._send(worker, (shard,), ready_time, part)[1])
+    if self.cost.worker_nodes:  # the message waits for the busier of both ends
+      start, end = _reserve((nodes[worker % self.nodes],), ready_time, nbytes)
+      self.queued_s[worker] = max(self.queued_s[worker], queued + start - ready_time)
+      arrival = max(arrival, end + self.cost.latency)
     return arrival
 
   def peer(self, src: int, dst: int, ready_time: float, nbytes: float | None = None,
@@ -393,4 +421,8 @@ class Network:
     """
     nbytes = self.cost.model_bytes if nbytes is None else nbytes
     waiter = src if waiter is None else waiter
+    src, dst = src % self.nodes, dst % self.nodes
+    if self.cost.worker_nodes and src == dst:  # two workers of one machine: no link
+      self.bytes_total += nbytes
+      return ready_time
     return self._send(waiter, (self.up[src], self.down[dst]), ready_time, nbytes)[1]

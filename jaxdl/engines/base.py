@@ -275,6 +275,13 @@ class Declared:
   placement: ClassVar[frozenset[str]] = frozenset()
 
   @classmethod
+  def links(cls, fields: Any, nbytes: int) -> dict[str, Any] | None:
+    """The links between the machines its processes run on, measured for
+    messages of `nbytes` (a cost profile's latency, bandwidth, worker_nodes
+    and central_bandwidth, and what was measured); None: one machine."""
+    return None
+
+  @classmethod
   def check(cls, fields: Any, spec: AlgorithmSpec) -> None:
     del fields, spec
 

@@ -40,7 +40,7 @@ from jaxdl.algorithms import (Centralized, Collective, Decentralized, Elastic, G
 from jaxdl.algorithms.families import has_server
 from jaxdl.cadence import Cadence
 from jaxdl.data import Streams
-from jaxdl.engines import base, ray_placement
+from jaxdl.engines import base, ray_links, ray_placement
 from jaxdl.engines.events import check_servers, take
 from jaxdl.engines.host_axis import Exchange
 from jaxdl.engines.mesh import MeshEngine
@@ -78,6 +78,11 @@ class RayEngine(RayRun):
       "pin_workers": "it pins each worker process to cores of its own",
   }
   placement = frozenset({"ray_address", "server_node", "pin_workers"})
+
+  @classmethod
+  def links(cls, fields: RayFields, nbytes: int) -> dict[str, Any] | None:
+    """The links between the joined cluster's machines (`ray_links`)."""
+    return ray_links.measure(fields.ray_address, fields.server_node, nbytes)
 
   @classmethod
   def check(cls, fields: RayFields, spec) -> None:

@@ -172,3 +172,23 @@ def test_peer_links_are_per_worker():
   assert net.peer(0, 1, 0.0) == pytest.approx(1.0)
   assert net.peer(2, 3, 0.0) == pytest.approx(1.0)  # disjoint links: in parallel
   assert net.peer(2, 1, 0.0) == pytest.approx(2.0)  # 1's downlink is busy
+
+
+def test_a_machines_workers_share_its_link_and_reach_one_another_free():
+  """worker_nodes=2: workers 0 and 2 on machine 0, 1 and 3 on machine 1
+  (round robin), each machine one link its workers share, the server's
+  links at central_bandwidth."""
+  cost = CostModel(4, 1.0, 1e9, bandwidth=1e9, latency=0.5, worker_nodes=2,
+                   central_bandwidth=4e9)
+  net = Network(cost)
+  assert net.push(0, 0.0) == pytest.approx(1.5)  # machine 0's uplink, 1 s; the server's 0.25 s
+  assert net.push(1, 0.0) == pytest.approx(1.5)  # machine 1's: in parallel
+  assert net.push(2, 0.0) == pytest.approx(2.5)  # behind worker 0 on machine 0's uplink
+  assert net.queued_s == [0.0, 0.25, 1.0, 0.0]  # the longer of its waits at both ends
+  assert net.pull(3, 0.0) == pytest.approx(1.5)  # full duplex: the downlink is free
+  assert net.peer(0, 2, 7.0) == 7.0  # one machine: no link
+  assert net.peer(0, 3, 7.0) == pytest.approx(8.5)  # across: 0's uplink, 1's downlink
+  assert net.bytes_total == 6e9  # a message between two workers of one machine counts too
+  # each worker its own link (worker_nodes 0): as before
+  alone = Network(CostModel(4, 1.0, 1e9, bandwidth=1e9, latency=0.5, central_bandwidth=4e9))
+  assert [alone.push(w, 0.0) for w in range(3)] == pytest.approx([1.5, 1.5, 1.5])

@@ -272,3 +272,37 @@ def test_the_nodes_reach_one_another_on_the_documented_ports_only(ray_cluster, t
   # each kind was seen: the GCS, both managers, workers of every node
   assert {"6379", *fixed} <= ports
   assert {a for a, p in served if low <= int(p) <= high} == {n.address for n in ray_cluster.nodes}
+
+
+@pytest.mark.slow
+def test_calibrate_measures_shaped_links_that_the_simulator_then_respects(tmp_path):
+  """Each worker node's link shaped to 100 Mb/s both ways: `jaxdl
+  calibrate` on the cluster measures 2 worker machines, a bandwidth within
+  25% of the rate and a latency; the sim with that profile charges each of
+  a worker's messages at least its time on the link."""
+  profile, sim_out = tmp_path / "profile.json", tmp_path / "sim"
+  with NetnsCluster(workers=2) as cluster:
+    for node in (1, 2):
+      cluster.shape(node, "100mbit")
+    cluster.start_ray(2)
+    done = cluster.run(0, jaxdl_command(
+        "calibrate", "--model", "mlp", "--batch-size", "8", "--steps", "30", "--no-progress",
+        "--ray-address", cluster.address, "--profile", str(profile)),
+        capture_output=True, text=True, timeout=600)
+  assert leftovers(cluster.tag) == []
+  assert done.returncode == 0, done.stderr[-3000:]
+  measured = json.loads(profile.read_text())
+  assert measured["worker_nodes"] == 2
+  assert 0.75 * 100e6 <= measured["bandwidth"] * 8 <= 1.25 * 100e6, measured["bandwidth"]
+  assert 0 < measured["latency"] < 0.05
+  assert measured["central_bandwidth"] >= measured["bandwidth"]
+  links = measured["measured"]["links"]
+  assert len(links["nodes"]) == 2 and links["message_bytes"] > 0
+  steps = 10
+  summary = jaxdl.run(RunConfig.make(
+      algorithm="asp", engine="sim", workers=2, model="mlp", batch_size=8, steps=steps,
+      cluster=str(profile), out=str(sim_out), progress=False))
+  # each worker's update: a pull and a push of the model over its machine's link
+  floor = steps * 2 * (links["message_bytes"] / measured["bandwidth"] + measured["latency"])
+  assert floor <= summary["simulated_time_s"] <= 2 * floor + steps * (
+      measured["compute_time"] + 2 * measured["server_time"])

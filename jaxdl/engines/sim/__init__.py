@@ -139,7 +139,8 @@ def measured_costs(fields: CostFields, mean_batch: float) -> dict[str, float]:
                       f"{mean_batch:g}); this one was measured for model {p.model}, dataset "
                       f"{p.dataset}, batch size {p.batch_size}: run `jaxdl calibrate` for it")
   return dict(compute_s=fields.compute_time or p.compute_time, bandwidth=p.bandwidth,
-              latency=p.latency, server_s=p.server_time, order_s=p.order_time)
+              latency=p.latency, server_s=p.server_time, order_s=p.order_time,
+              worker_nodes=int(p.worker_nodes), central_bandwidth=p.central_bandwidth)
 
 
 def make_schedule(algorithm: Family, cost: cluster.CostModel, total_steps: int,
