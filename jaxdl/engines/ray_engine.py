@@ -81,7 +81,10 @@ class RayEngine(RayRun):
 
   @classmethod
   def links(cls, fields: RayFields, nbytes: int) -> dict[str, Any] | None:
-    """The links between the joined cluster's machines (`ray_links`)."""
+    """The links between the joined cluster's machines (`ray_links`); none
+    on a local instance, one machine."""
+    if fields.ray_address is None:
+      return None
     return ray_links.measure(fields.ray_address, fields.server_node, nbytes)
 
   @classmethod

@@ -48,10 +48,10 @@ class _Probe:
 
 
 def measure(address: str | None, server_node: str | None, nbytes: int) -> dict[str, Any] | None:
-  """The links of the cluster at `address` whose central node is
-  `server_node`'s (None: this driver's), for messages of `nbytes`: the
-  profile's `latency`, `bandwidth`, `worker_nodes` and `central_bandwidth`,
-  and each node's measures; None on one machine."""
+  """The links of the cluster at `address` (None: a local instance) whose
+  central node is `server_node`'s (None: this driver's), for messages of
+  `nbytes`: the profile's `latency`, `bandwidth`, `worker_nodes` and
+  `central_bandwidth`, and each node's measures; None on one node."""
   started = ray_driver.connect(address)
   import ray
   try:

@@ -237,6 +237,7 @@ watchdog.started()
 later = subprocess.Popen(sleep)
 print(spawner.pid, orphan, later.pid, watchdog.process.pid, flush=True)
 if sys.argv[1] == "stop":
+  sys.stdin.readline()  # once the test holds the processes (ended ones have no pid to ask)
   watchdog.stop()
   print("stopped", flush=True)
 time.sleep(300)
@@ -254,8 +255,8 @@ def test_the_watchdog_kills_what_ray_started_and_nothing_else(ending):
   """Once the driver is killed, or stops it, the watchdog kills every
   process started as Ray's (the orphan of a child included) and ends; a
   child the driver started after Ray's lives on."""
-  driver = subprocess.Popen([sys.executable, "-c", DRIVER, ending], stdout=subprocess.PIPE,
-                            text=True)
+  driver = subprocess.Popen([sys.executable, "-c", DRIVER, ending], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
   pids = []
   try:
     pids = [int(p) for p in _line(driver).split()]
@@ -263,7 +264,9 @@ def test_the_watchdog_kills_what_ray_started_and_nothing_else(ending):
     if ending == "SIGKILL":
       driver.kill()
     else:
-      assert driver.stdout.readline() == "stopped\n"  # (it may be read already: no select)
+      driver.stdin.write("stop\n")
+      driver.stdin.flush()
+      assert _line(driver) == "stopped\n"
     assert not _ended([spawner, orphan, watchdog], 10)
     assert _running(later)
   finally:
