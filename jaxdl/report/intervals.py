@@ -2,9 +2,9 @@
 (Student's t), and whether two cells' intervals are apart.
 
 The interval of n values x_1..x_n is mean ± t_{0.975, n-1} · s / √n, with s
-the sample standard deviation (n − 1 in its denominator): it holds the mean
-that more seeds would give with 95% confidence, if the runs' values are
-normal. One value has no interval.
+the sample standard deviation (n − 1 in its denominator): an interval that
+holds the expected value over seeds 95% of the time, if the runs' values
+are normal. One value has no interval.
 """
 from __future__ import annotations
 

@@ -260,7 +260,8 @@ class Tables(Comparison):
       busy = s.get("busy_fraction_per_device")
       bubble = (f"{100 * s['bubble_fraction_measured']:.0f} (ideal "
                 f"{100 * s['bubble_fraction_ideal']:.0f})" if busy else "—")
-      row = [self._run_label(c, c.variant), strategy, str(s.get("devices")), str(sum(s.get("batch_sizes") or [])),
+      row = [self._run_label(c, c.variant), strategy, str(s.get("devices")),
+             str(sum(s.get("batch_sizes") or [])),
              fmt(c.throughput, ",.0f"),
              " / ".join(f"{100 * b:.0f}" for b in busy) if busy else "—", bubble,
              fmt(mb, ".2f"), fmt(s.get("seconds_per_epoch"), ".4g"),
