@@ -11,6 +11,8 @@ engines run by default, the rest with the slow ones.
 import dataclasses
 import math
 
+import numpy as np
+
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.compare.grid import one_worker
 from jaxdl.engines import ENGINES
@@ -56,6 +58,38 @@ def assert_tables_hold(printed: str, variant: str, workers: int, summary: dict,
   expected = (f"{time_of(summary):.4g}", f"{throughput:,.0f}",
               "—" if speedup is None else f"{speedup:.2f}")
   assert (row["time (s)"], row["samples/s"], row["speedup"]) == expected, (row, expected)
+
+
+T_975_2 = 4.302652729749462  # Student's t, 97.5% quantile, 2 degrees of freedom
+
+
+def assert_intervals_hold(printed: str, variant: str, workers: int, summaries: list[dict],
+                          bases: list[dict]) -> None:
+  """The tables of `printed` give a cell of three seeds (`summaries`, in the
+  seeds' order, as the baseline's `bases`) as numpy's mean of its runs' figures
+  and the 95% t interval worked out here: its metric, its error and degradation
+  against the baseline's run of the same seed, its samples/s."""
+  def held(values, spec: str) -> str:
+    xs = np.asarray(values, dtype=np.float64)
+    half = T_975_2 * xs.std(ddof=1) / np.sqrt(len(xs))
+    return f"{xs.mean():{spec}} ± {half:{spec.replace('+', '')}}"
+
+  metric, higher = summaries[0]["target_metric"], summaries[0]["higher_is_better"]
+  label = metric.replace("_", " ").capitalize()
+  scores = [s[metric] for s in summaries]
+  assert table(printed, f"{label} (layout")[str(workers)][variant] == (
+      held(scores, ".4f") + " (3 seeds)")
+  error = lambda s: 100 * (1 - s[metric]) if higher else s[metric]
+  errors = [error(s) for s in summaries]
+  degradations = [100 * (e - error(b)) / error(b) for e, b in zip(errors, bases)]
+  expected = held(errors, ".2f") + ("" if summaries == bases else
+                                    f" ({held(degradations, '+.1f')}%)") + " (3 seeds)"
+  errors_held = table(printed, f"{'Test error %' if higher else label}, degradation")
+  assert errors_held[str(workers)][variant] == expected, (errors_held, expected)
+  time_of = lambda s: s.get("simulated_time_s", s.get("wall_time_s"))
+  row = table(printed, "Speedup")[f"{variant} ×{workers}"]
+  assert row["samples/s"] == held([s["samples"] / time_of(s) for s in summaries], ",.0f") \
+      + " (3 seeds)", row
 
 
 def swept(name: str) -> tuple[str, list] | None:

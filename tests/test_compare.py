@@ -16,8 +16,8 @@ from jaxdl.task import registered, task_names
 from jaxdl.validation import validate
 from jaxdl.errors import ConfigError
 from tests import marks
-from tests.registry_cases import (DEFAULT_ALGORITHMS, ENGINE_CASES, assert_tables_hold,
-                                  engine_variant, swept)
+from tests.registry_cases import (DEFAULT_ALGORITHMS, ENGINE_CASES, assert_intervals_hold,
+                                  assert_tables_hold, engine_variant, swept)
 
 
 @pytest.mark.parametrize("spec,algorithm,settings", [
@@ -123,6 +123,12 @@ def test_setting_lists_expand_the_variants_they_apply_to():
     (["--engine", "ray", "--networks", "1gbps"], "--networks"),
     (["--engine", "ray", "--jobs", "2"], "--jobs"),
     (["--engine", "ray", "--jitter", "0.2"], "--jitter"),  # the grid's compute time dropped
+    # seeds: none, a negative one, one twice, or beside --seed or a sweep of seed
+    (["--seeds"], "--seeds"),
+    (["--seeds", "0", "-1"], "--seeds"),
+    (["--seeds", "1", "2", "1"], "--seeds"),
+    (["--seeds", "0", "1", "--seed", "2"], "--seeds"),
+    (["--seeds", "0", "1", "--sweep", "seed=3,4"], "--seeds"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, flag):
   out = tmp_path / "cmp"
@@ -448,3 +454,42 @@ def test_every_registered_task_is_compared_on_its_metric(task, tmp_path, capsys)
     summary = summaries[c["name"]]
     assert summary["target_metric"] == registered(task).target_metric
     assert_tables_hold(printed, c["variant"], c["workers"], summary, base)
+
+
+def test_seeds_give_each_cell_a_run_per_seed():
+  """--seeds: every cell (timing cells too) once per seed, named CELL-seedN
+  with its seed; without it, the grid's cells as they were."""
+  plain = _grid(["--algorithms", "sgd,asp", "--workers", "2", "--timing-networks", "56gbps"])
+  seeded = _grid(["--algorithms", "sgd,asp", "--workers", "2", "--timing-networks", "56gbps",
+                  "--seeds", "4", "0", "7"])
+  assert [c.name for c in seeded.cells()] == [
+      f"{c.name}-seed{s}" for c in plain.cells() for s in (4, 0, 7)]
+  assert [c.overrides["seed"] for c in seeded.cells()] == [4, 0, 7] * len(plain.cells())
+  assert all("seed" not in c.overrides for c in plain.cells())
+
+
+@pytest.mark.parametrize("name", marks.default_only(
+    [n for n in ALGORITHMS if not one_worker(n)], DEFAULT_ALGORITHMS))
+def test_every_algorithm_is_compared_over_seeds(name, tmp_path, capsys):
+  """--seeds 0 1 2: each cell's three runs differ (their parameters'
+  fingerprints), the tables give each cell's mean over them and its t
+  interval, and the same command again runs none of them twice."""
+  out = tmp_path / "cmp"
+  args = ("--algorithms", f"{baseline()},{name}", "--workers", "2", "--timing-networks",
+          "10gbps", "--seeds", "0", "1", "2")
+  printed, cells, summaries = _compared(out, capsys, *args)
+  assert len(cells) == 6 and {c["overrides"]["seed"] for c in cells} == {0, 1, 2}
+  for variant in (baseline(), name):
+    runs = [c["name"] for c in cells if c["variant"] == variant]
+    assert len({summaries[r]["params_fingerprint"] for r in runs}) == 3
+  base = [summaries[c["name"]] for c in cells if c["variant"] == baseline()]
+  own = [summaries[c["name"]] for c in cells if c["variant"] == name]
+  assert_intervals_hold(printed, name, 2, own, base)
+  assert_intervals_hold(printed, baseline(), 1, base, base)
+
+  mtimes = {c["name"]: (out / c["name"] / "summary.json").stat().st_mtime_ns for c in cells}
+  again, _, _ = _compared(out, capsys, *args)
+  status = json.loads((out / compare.CELLS_FILE).read_text())
+  assert all(status[c]["skipped"] for c in mtimes)
+  assert {c: (out / c / "summary.json").stat().st_mtime_ns for c in mtimes} == mtimes
+  assert again == printed

@@ -4,10 +4,12 @@ import dataclasses
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 import jaxdl
 from jaxdl import plots, report, rundir
+from jaxdl.report import intervals
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, GRIDS
@@ -448,3 +450,56 @@ def test_every_registered_tasks_runs_are_reported_in_its_metric(task, tmp_path, 
   assert summary["target_metric"] == base["target_metric"] == metric
   assert_tables_hold(printed, baseline(), 1, base, base)
   assert_tables_hold(printed, _variant(printed, 2), 2, summary, base)
+
+
+# t_{0.975, df} as published (e.g. NIST/SEMATECH's table of Student's t):
+# df 1, 2, 3, 9, 30, and the normal quantile as df grows.
+@pytest.mark.parametrize("df,quantile", [(1, 12.706205), (2, 4.302653), (3, 3.182446),
+                                         (9, 2.262157), (30, 2.042272), (40, 2.021075),
+                                         (120, 1.979930), (10**6, 1.959966)])
+def test_t_quantiles_are_students(df, quantile):
+  assert intervals.t_quantile(df) == pytest.approx(quantile, abs=2e-6)
+
+
+def test_an_interval_is_the_mean_and_students_t_interval():
+  """Three values: numpy's mean ± t_{0.975,2} s / √3, worked out here; one
+  value has none; a missing or NaN figure is left out."""
+  values = [0.9712, 0.9755, 0.9726]
+  half = 4.302652729749462 * np.std(values, ddof=1) / np.sqrt(3)
+  got = intervals.Interval.of([*values, None, float("nan")])
+  assert got.n == 3 and got.mean == pytest.approx(np.mean(values), abs=1e-15)
+  assert (got.low, got.high) == pytest.approx((np.mean(values) - half, np.mean(values) + half),
+                                              abs=1e-15)
+  assert f"{got:.4f}" == f"{np.mean(values):.4f} ± {half:.4f}"
+  assert got.to_dict() == {"mean": got.mean, "low": got.low, "high": got.high, "n": 3}
+  one = intervals.Interval.of([0.5, None])
+  assert (one.low, one.high, one.n, f"{one:.2f}") == (0.5, 0.5, 1, "0.50")
+  assert intervals.Interval.of([None]) is None
+
+
+def test_two_cells_are_apart_only_where_their_intervals_do_not_meet():
+  a = intervals.Interval(0.90, 0.88, 0.92, 3)
+  b = intervals.Interval(0.95, 0.93, 0.97, 3)
+  touching = intervals.Interval(0.94, 0.92, 0.96, 3)
+  assert intervals.separation(b, a) == 1 and intervals.separation(a, b) == -1
+  assert intervals.separation(a, touching) == 0 and intervals.separation(touching, b) == 0
+  single = intervals.Interval(0.99, 0.99, 0.99, 1)  # one seed: nothing to tell apart by
+  assert intervals.separation(single, a) == 0 and intervals.separation(a, single) == 0
+
+
+def test_a_cell_whose_seeds_partly_diverged_says_over_how_many(tmp_path):
+  """Of three seeds, one diverged: the cell's figure is over the two others,
+  and says so; a cell whose every seed diverged says diverged."""
+  for seed, accuracy in enumerate([0.8, 0.9, None]):
+    summary = {"test_accuracy": accuracy, "samples": 80, "simulated_time_s": 1.0 + seed}
+    if accuracy is None:
+      summary |= {"status": "diverged", "divergence": "loss nan", "diverged_at_step": 3}
+    _run_dir(tmp_path, f"asp-m2-seed{seed}", summary, algorithm="asp", workers=2, seed=seed)
+    _run_dir(tmp_path, f"ssp-m2-seed{seed}", {"test_accuracy": None, "samples": 8,
+             "simulated_time_s": 1.0, "status": "diverged", "diverged_at_step": 2},
+             algorithm="ssp", workers=2, seed=seed)
+  printed = report.Report(tmp_path).tables()
+  half = 12.706204736174694 * np.std([0.8, 0.9], ddof=1) / np.sqrt(2)
+  assert table(printed, "Test accuracy")["2"] == {
+      "asp": f"0.8500 ± {half:.4f} (2 of 3 seeds)", "ssp_s3": report.DIVERGED}
+  assert table(printed, "Speedup")["ssp_s3 ×2"]["time (s)"] == "diverged at step 2, 2, 2"

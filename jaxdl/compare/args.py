@@ -79,6 +79,8 @@ class CompareArgs:
   """Networks of the training cells, e.g. 10gbps 1gbps."""
   timing_networks: tuple[str, ...] | None = None
   """Networks of the timing-only (--dry-run) cells, for speedup at other bandwidths."""
+  seeds: tuple[int, ...] | None = None
+  """Seeds, e.g. 0 1 2: every cell runs once per seed, each run a directory CELL-seedN; the tables give the mean over the seeds and its 95% interval (unset: one run per cell, with --seed)."""
   out: str = "runs/compare"
   """The comparison directory."""
   jobs: int = 0
@@ -150,6 +152,8 @@ def apply_args(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -> Grid
   for s in swept:
     sweep.check_taken(grid, s, run_flags)
   grid = grid.with_sweeps([(s.field, s.values) for s in swept]) if swept else grid
+  if args.seeds is not None:
+    grid = _with_seeds(grid, args.seeds, run_flags, swept)
   if args.networks is not None:
     grid = grid.replace(networks=tuple(args.networks))
   if args.timing_networks is not None:
@@ -182,6 +186,17 @@ def _on_real_devices(grid: Grid, args: CompareArgs, run_flags: dict[str, Any]) -
       ALGORITHMS.get(v.algorithm).family is Collective for v in grid.variants)) else ()
   return grid.replace(run=tuple((k, v) for k, v in grid.run
                                 if k not in MODELLED or k in run_flags or k in emulated))
+
+
+def _with_seeds(grid: Grid, seeds: tuple[int, ...], run_flags: dict[str, Any],
+                swept: list[sweep.Sweep]) -> Grid:
+  """The grid run once per seed of --seeds, which gives every run's seed."""
+  if "seed" in run_flags:
+    raise ConfigError("seeds", seeds, "seeds without --seed beside them (each run's seed "
+                      "is one of --seeds)")
+  if any(s.field == "seed" for s in swept):
+    raise ConfigError("seeds", seeds, "seeds without a sweep of seed beside them")
+  return grid.with_seeds(seeds)
 
 
 def _check_one_worker(grid: Grid) -> None:

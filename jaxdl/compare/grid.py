@@ -123,6 +123,9 @@ class Grid:
   workers' on every engine: emulated on a real one (each worker slowed for
   real). Otherwise they are the simulated cluster's, which a real engine
   drops, but for a grid of synchronous algorithms, whose workers emulate them."""
+  seeds: tuple[int, ...] = ()
+  """Seeds each cell runs with, a run directory each (CELL-seedN); the report
+  gives their mean and its 95% interval. Empty: one run, with the run's seed."""
 
   def replace(self, **changes: Any) -> Grid:
     return dataclasses.replace(self, **changes)
@@ -136,6 +139,17 @@ class Grid:
       if field not in owner and field not in settings_owners():
         raise ConfigError(field, value, "not a config field; see `jaxdl run --help`")
     return self.replace(run=tuple({**dict(self.run), **flat}.items()))
+
+  def with_seeds(self, seeds: Sequence[int]) -> Grid:
+    """The grid with each cell run once per seed (distinct seeds, each >= 0)."""
+    seeds = tuple(seeds)
+    if not seeds:
+      raise ConfigError("seeds", seeds, "one seed or more")
+    if min(seeds) < 0:
+      raise ConfigError("seeds", seeds, "seeds >= 0")
+    if len(set(seeds)) < len(seeds):
+      raise ConfigError("seeds", seeds, "each seed once")
+    return self.replace(seeds=seeds)
 
   def with_setting(self, field: str, values: Iterable[Any]) -> Grid:
     """Each variant that takes `field` (`takes`) becomes one variant per value."""
@@ -182,13 +196,19 @@ class Grid:
         base = {**dict(v.settings), "algorithm": v.algorithm, "workers": m}
         for net in self.networks:
           name = f"{v.label}-m{m}" + (f"-{net}" if many_networks else "")
-          train.append(Cell(name, v.label, v.algorithm, m, net, False,
-                            base if self.measured else {**base, "network": net}))
+          train += self._seeded(Cell(name, v.label, v.algorithm, m, net, False,
+                                     base if self.measured else {**base, "network": net}))
         for net in () if self.measured else self.timing_networks:
           if net not in self.networks:
-            timing.append(Cell(f"{v.label}-m{m}-{net}-timing", v.label, v.algorithm, m, net,
-                               True, {**base, "network": net, "dry_run": True}))
+            timing += self._seeded(Cell(f"{v.label}-m{m}-{net}-timing", v.label, v.algorithm,
+                                        m, net, True, {**base, "network": net, "dry_run": True}))
     return train + timing
+
+  def _seeded(self, cell: Cell) -> list[Cell]:
+    """The cell's runs: one per seed of `seeds` (CELL-seedN), or the cell itself."""
+    return [dataclasses.replace(cell, name=f"{cell.name}-seed{s}",
+                                overrides={**cell.overrides, "seed": s})
+            for s in self.seeds] or [cell]
 
   def config(self, cell: Cell, out: Path) -> RunConfig:
     """The cell's run: the shared fields (shared settings only where the
@@ -203,4 +223,5 @@ class Grid:
     return {"variants": [{"name": v.label, "algorithm": v.algorithm,
                           "settings": dict(v.settings)} for v in self.variants],
             "workers": list(self.workers), "networks": list(self.networks),
-            "timing_networks": list(self.timing_networks), "run": dict(self.run)}
+            "timing_networks": list(self.timing_networks), "run": dict(self.run),
+            **({"seeds": list(self.seeds)} if self.seeds else {})}

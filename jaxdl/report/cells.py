@@ -36,6 +36,8 @@ class CellResult:
   algorithm: str = ""
   last: dict[str, float] | None = None
   """The last logged step, epoch and time (where a diverged run stopped)."""
+  seed: int | None = None
+  """Its run's seed: the runs of one cell over seeds differ in it alone."""
 
   @property
   def diverged(self) -> bool:
@@ -153,5 +155,5 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict], dict
                               config["network"], bool(config.get("dry_run")), summary,
                               [p for p in points if p["score"] is not None],
                               bool(config.get("async_bn")), config["algorithm"],
-                              points[-1] if points else None))
+                              points[-1] if points else None, config.get("seed")))
   return results, status, skipped

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from jaxdl.compare.grid import baseline
 from jaxdl.report.cells import ACCURACY, CellResult, load
+from jaxdl.report.intervals import Interval
 from jaxdl.validation import check_target
 
 
@@ -34,14 +35,14 @@ class Comparison:
     check_target(target, self.metric)
     self.networks = list(dict.fromkeys(c.network for c in self.train))
     self.main = self.networks[0] if self.networks else None
-    baseline = self.baseline(self.main)
     if target is None:
-      finished = [c for c in self.train if c.score is not None]
+      # the baseline's score (its mean over the seeds), else the best run's
+      base = Interval.of(c.score for c in self.runs(self.baseline_variant, 1, self.main))
       pick = max if self.higher else min
-      best = (baseline if baseline and baseline.score is not None else
-              pick(finished, key=lambda c: c.score, default=None))
-      target = (0.0 if best is None else math.floor(0.95 * best.score * 100) / 100
-                if self.higher else math.ceil(1.05 * best.score * 100) / 100)
+      best = base.mean if base else pick(
+          (c.score for c in self.train if c.score is not None), default=None)
+      target = (0.0 if best is None else math.floor(0.95 * best * 100) / 100
+                if self.higher else math.ceil(1.05 * best * 100) / 100)
     self.target = target
 
   @property
@@ -60,14 +61,30 @@ class Comparison:
 
   def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
     pool = self.timing if timing else self.train
-    return next((c for c in pool if c.variant == self.baseline_variant and c.workers == 1
-                 and c.network == network), None)
+    """The one-worker baseline's first run on `network` (its first seed's)."""
+    return next(iter(self.runs(self.baseline_variant, 1, network, timing)), None)
 
-  def _cell(self, variant: str, workers: int, network: str,
-            timing: bool = False) -> CellResult | None:
+  def runs(self, variant: str, workers: int, network: str | None,
+           timing: bool = False) -> list[CellResult]:
+    """The runs of one cell, one per seed (one where its grid has one seed)."""
     pool = self.timing if timing else self.train
-    return next((c for c in pool if (c.variant, c.workers, c.network) ==
-                 (variant, workers, network)), None)
+    return [c for c in pool if (c.variant, c.workers, c.network) == (variant, workers, network)]
+
+  def cells(self, network: str) -> list[list[CellResult]]:
+    """The training cells on `network`, in order, each as its runs over the seeds."""
+    cells: dict[tuple[str, int], list[CellResult]] = {}
+    for c in self.train:
+      if c.network == network:
+        cells.setdefault((c.variant, c.workers), []).append(c)
+    return list(cells.values())
+
+  @staticmethod
+  def same_seed(run: CellResult, runs: list[CellResult]) -> CellResult | None:
+    """Of `runs` (another cell's), the one with `run`'s seed; a cell of one
+    run is every run's match (a grid of one seed)."""
+    if len(runs) == 1:
+      return runs[0]
+    return next((r for r in runs if r.seed == run.seed), None)
 
   def heterogeneous(self, network: str) -> list[CellResult]:
     """The cells whose workers' batch times were recorded (synchronous

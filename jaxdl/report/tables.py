@@ -18,14 +18,24 @@ better.
 
 A diverged run (jaxdl.runner.divergence) has no figures: the tables say
 "diverged" in their place.
+
+A cell run over several seeds (`jaxdl compare --seeds`) shows each figure as
+its mean over the seeds and its 95% interval (intervals.py), e.g.
+``0.9731 ± 0.0042 (3 seeds)``, a ratio or degradation taken against the
+baseline's run of the same seed; "(2 of 3 seeds)" where a run lacks the
+figure (it diverged, or never reached the target). The partition and
+parallelism tables list each seed's run.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.plots import ratio
 from jaxdl.report.cells import CellResult
 from jaxdl.report.comparison import Comparison
+from jaxdl.report.intervals import Interval
 from jaxdl.report.markdown import fmt, table
 from jaxdl.report.prediction import prediction_note, prediction_table
 
@@ -67,8 +77,46 @@ def degradation(error: float, base_error: float) -> float:
   return 100 * (error - base_error) / base_error
 
 
+def _seeds(runs: list[CellResult], interval: Interval | None) -> str:
+  """How many of a cell's runs a figure is over, where not one of one:
+  " (3 seeds)", " (2 of 3 seeds)" (the others without the figure)."""
+  n = interval.n if interval else 0
+  return "" if n == len(runs) == 1 or not n else (
+      f" ({n} seeds)" if n == len(runs) else f" ({n} of {len(runs)} seeds)")
+
+
+def _entry(runs: list[CellResult], value: Callable[[CellResult], float | None],
+           spec: str = ".4f") -> str:
+  """A cell's figure: `value` of each run, as its mean over the seeds and its
+  95% interval; "diverged" where every run diverged, "—" where none has it."""
+  if runs and all(r.diverged for r in runs):
+    return DIVERGED
+  interval = Interval.of(value(r) for r in runs)
+  return fmt(interval, spec) + _seeds(runs, interval)
+
+
+def _megabytes(r: CellResult) -> float | None:
+  """The bytes a run sent, in MB."""
+  sent = r.summary.get("bytes_total")
+  return None if r.diverged or sent is None else sent / 1e6
+
+
+def _staleness(runs: list[CellResult]) -> str:
+  """The staleness column: mean / max (each over the seeds), "—" where none has it."""
+  finished = [r for r in runs if not r.diverged and r.summary.get("staleness_mean") is not None]
+  if not finished:
+    return "—"
+  mean, worst = (_entry(runs, lambda r: r.summary[field] if r in finished else None, spec)
+                 for field, spec in (("staleness_mean", ".2f"), ("staleness_max", ".4g")))
+  return f"{mean} / {worst}"
+
+
 class Tables(Comparison):
   """The markdown tables of one comparison directory."""
+
+  def _base(self, run: CellResult, network: str, timing: bool = False) -> CellResult | None:
+    """The one-worker baseline's run on `network` with `run`'s seed."""
+    return self.same_seed(run, self.runs(self.baseline_variant, 1, network, timing))
 
   def metric_table(self, network: str) -> str:
     """IPDPS'21 Table III: the test metric, rows workers, columns algorithms."""
@@ -76,28 +124,32 @@ class Tables(Comparison):
     variants = _variants(cells)
     rows = []
     for m in _workers(cells):
-      row = [self._cell(v, m, network) for v in variants]
+      row = [self.runs(v, m, network) for v in variants]
       if any(row):
-        rows.append([str(m)] + [DIVERGED if c and c.diverged else fmt(c and c.score)
-                                for c in row])
+        rows.append([str(m)] + [_entry(runs, lambda r: r.score) for runs in row])
     return table(["workers"] + variants, rows)
 
   def error_table(self, network: str) -> str:
     """LC-ASGD Table 3: test error % (or a loss) and degradation against one-worker SGD."""
     cells = [c for c in self.train if c.network == network]
-    base = self.baseline(network)
-    base_error = _error(base)
+
+    def degraded(r: CellResult) -> float | None:
+      error, base_error = _error(r), _error(self._base(r, network))
+      return degradation(error, base_error) if error is not None and base_error else None
+
     rows = []
     for m in _workers(cells):
       row = [str(m)]
       for v in _variants(cells):
-        c = self._cell(v, m, network)
-        if c is None or c.diverged:
-          row.append(DIVERGED if c else "")
+        runs = self.runs(v, m, network)
+        error = Interval.of(_error(r) for r in runs)
+        if error is None:
+          row.append(DIVERGED if runs else "")
           continue
-        error = _error(c)
-        row.append(f"{error:.2f}" if c is base or not base_error else
-                   f"{error:.2f} ({degradation(error, base_error):+.1f}%)")
+        change = (None if v == self.baseline_variant and m == 1 else
+                  Interval.of(degraded(r) for r in runs))
+        row.append(fmt(error, ".2f") + (f" ({fmt(change, '+.1f')}%)" if change else "")
+                   + _seeds(runs, error))
       rows.append(row)
     return table(["workers"] + _variants(cells), rows)
 
@@ -111,50 +163,71 @@ class Tables(Comparison):
     for m in _workers(cells):
       row = [str(m)]
       for v in variants:
-        pair = [next((c for c in cells if c.bn_variant == v and c.workers == m
-                      and c.async_bn == abn), None) for abn in (False, True)]
-        errors = [DIVERGED if c and c.diverged else fmt(_error(c), ".2f") for c in pair]
-        row.append("" if not any(pair) else " / ".join(errors))
+        pair = [[c for c in cells if c.bn_variant == v and c.workers == m
+                 and c.async_bn == abn] for abn in (False, True)]
+        row.append("" if not any(pair) else " / ".join(_entry(runs, _error, ".2f")
+                                                       for runs in pair))
       rows.append(row)
     return table(["workers"] + variants, rows)
 
   def scaling_table(self, network: str) -> str:
     """Throughput speedup (here and on the timing networks), time to the
-    target, waiting, staleness and bytes, one row per cell."""
-    base = self.baseline(network)
+    target, waiting, staleness and bytes, one row per cell (each figure its
+    mean over the cell's seeds, a ratio taken against the baseline's run of
+    the same seed)."""
     timing_nets = list(dict.fromkeys(c.network for c in self.timing if c.network != network))
     header = (["cell", "time (s)", "samples/s", "speedup"]
               + [f"speedup @{n}" for n in timing_nets]
               + [f"time to {self.target:.2f} (s)", "TTA speedup", "wait (% of time)",
                  "staleness mean/max", "bytes sent (MB)"])
     rows = []
-    for c in (c for c in self.train if c.network == network):
-      s = c.summary
-      if c.diverged:  # none of its figures is a result
+    for runs in self.cells(network):
+      c = runs[0]
+      if all(r.diverged for r in runs):  # none of its figures is a result
+        steps = ", ".join(str(r.summary.get("diverged_at_step")) for r in runs)
         rows.append([f"{c.variant} ×{c.workers}", f"{DIVERGED} at step "
-                     f"{s.get('diverged_at_step')}"] + ["—"] * (len(header) - 2))
+                     f"{steps}"] + ["—"] * (len(header) - 2))
         continue
-      row = [f"{c.variant} ×{c.workers}", fmt(c.time_s, ".4g"), fmt(c.throughput, ",.0f"),
-             fmt(ratio(c.throughput, base and base.throughput), ".2f")]
-      for n in timing_nets:
-        t, b = self._cell(c.variant, c.workers, n, True), self.baseline(n, True)
-        row.append(fmt(ratio(t and t.throughput, b and b.throughput), ".2f"))
-      tta = c.time_to(self.target)
-      wait = s.get("wait_s")
-      wait_pct = (100 * sum(wait) / len(wait) / c.time_s if wait and c.time_s else None)
-      stale = (f"{s['staleness_mean']:.2f} / {s['staleness_max']}"
-               if s.get("staleness_mean") is not None else "—")
-      mb = s.get("bytes_total")
-      row += [fmt(tta, ".4g"), fmt(ratio(base and base.time_to(self.target), tta), ".2f"),
-              fmt(wait_pct, ".1f"), stale, fmt(mb / 1e6 if mb is not None else None, ".1f")]
-      rows.append(row)
+      figures = [_entry(runs, value, spec)
+                 for value, spec in self._scaling_figures(network, timing_nets)]
+      rows.append([f"{c.variant} ×{c.workers}", *figures, _staleness(runs),
+                   _entry(runs, _megabytes, ".1f")])
     return table(header, rows)
 
+  def _scaling_figures(self, network: str, timing_nets: list[str]
+                       ) -> list[tuple[Callable[[CellResult], float | None], str]]:
+    """The scaling table's figures of a run, each with its format: time,
+    samples/s, speedup, speedup @ each timing network, time to target, TTA
+    speedup, wait % (a diverged run has none)."""
+    def base(r: CellResult) -> CellResult | None:
+      return self._base(r, network)
+
+    def speedup_at(n: str) -> Callable[[CellResult], float | None]:
+      def speedup(r: CellResult) -> float | None:
+        t = self.same_seed(r, self.runs(r.variant, r.workers, n, True))
+        b = self._base(r, n, True)
+        return ratio(t and t.throughput, b and b.throughput)
+      return speedup
+
+    def wait_pct(r: CellResult) -> float | None:
+      wait = r.summary.get("wait_s")
+      return 100 * sum(wait) / len(wait) / r.time_s if wait and r.time_s else None
+
+    def tta_speedup(r: CellResult) -> float | None:
+      b = base(r)
+      return ratio(b and b.time_to(self.target), r.time_to(self.target))
+
+    return [(lambda r: None if r.diverged else r.time_s, ".4g"),
+            (lambda r: r.throughput, ",.0f"),
+            (lambda r: ratio(r.throughput, (b := base(r)) and b.throughput), ".2f"),
+            *[(speedup_at(n), ".2f") for n in timing_nets],
+            (lambda r: r.time_to(self.target), ".4g"), (tta_speedup, ".2f"),
+            (lambda r: None if r.diverged else wait_pct(r), ".1f")]
 
   def partition_table(self, network: str) -> str:
     """Time per epoch, idle fraction and each worker's batch seconds of the
     cells with recorded batch times (the Choi seed's comparison of
-    partitions)."""
+    partitions), a row per run (per seed)."""
     rows = []
     for c in self.heterogeneous(network):
       s = c.summary
@@ -163,7 +236,7 @@ class Tables(Comparison):
       per_epoch = time_s / epochs if time_s and epochs else None
       batches = " / ".join(f"{m:.3g} ± {d:.2g}" for m, d in zip(
           s["batch_seconds_per_worker"], s["batch_seconds_std"]))
-      rows.append([f"{c.variant} ×{c.workers}", str(s.get("batch_sizes")),
+      rows.append([self._run_label(c, f"{c.variant} ×{c.workers}"), str(s.get("batch_sizes")),
                    fmt(per_epoch, ".4g"), fmt(100 * s["idle_fraction"], ".1f"), batches,
                    fmt(c.score)])
     return table(["cell", "batch sizes at step 0", "time per epoch (s)",
@@ -174,7 +247,8 @@ class Tables(Comparison):
     """The ASU seed's table: each cell's strategy, devices, global batch,
     samples/s, utilization (a pipeline's: each device's busy fraction, its
     measured bubble beside the ideal), memory per device, time per epoch,
-    time to the target and cost (with --price-per-device-hour)."""
+    time to the target and cost (with --price-per-device-hour), a row per
+    run (per seed)."""
     rows = []
     for c in self.strategies(network):
       s = c.summary
@@ -186,7 +260,8 @@ class Tables(Comparison):
       busy = s.get("busy_fraction_per_device")
       bubble = (f"{100 * s['bubble_fraction_measured']:.0f} (ideal "
                 f"{100 * s['bubble_fraction_ideal']:.0f})" if busy else "—")
-      row = [c.variant, strategy, str(s.get("devices")), str(sum(s.get("batch_sizes") or [])),
+      row = [self._run_label(c, c.variant), strategy, str(s.get("devices")),
+             str(sum(s.get("batch_sizes") or [])),
              fmt(c.throughput, ",.0f"),
              " / ".join(f"{100 * b:.0f}" for b in busy) if busy else "—", bubble,
              fmt(mb, ".2f"), fmt(s.get("seconds_per_epoch"), ".4g"),
@@ -196,6 +271,11 @@ class Tables(Comparison):
                       "busy (% per device)", "bubble (%)",
                       "memory per device (MB: arguments + temporaries)", "time per epoch (s)",
                       f"time to {self.target:.2f} (s)", "cost"], rows)
+
+  def _run_label(self, run: CellResult, label: str) -> str:
+    """A table's label of one run: its cell's, and its seed where the cell has several."""
+    several = len(self.runs(run.variant, run.workers, run.network, run.timing)) > 1
+    return f"{label} (seed {run.seed})" if several else label
 
   def staleness_notes(self, network: str) -> str:
     """What the staleness column counts, and the cells whose staleness bound
@@ -215,7 +295,8 @@ class Tables(Comparison):
       idle = []
       for c in (c for c in cells if c.workers == m and _reduces_to(c.algorithm)):
         unbound = _reduces_to(c.algorithm)
-        twin = self._cell(unbound + (f"_{labels.ASYNC_BN}" if c.async_bn else ""), m, network)
+        twin = self.same_seed(c, self.runs(
+            unbound + (f"_{labels.ASYNC_BN}" if c.async_bn else ""), m, network))
         fingerprint = c.summary.get("params_fingerprint")
         if twin and not twin.diverged and fingerprint and \
             twin.summary.get("params_fingerprint") == fingerprint:
@@ -226,7 +307,8 @@ class Tables(Comparison):
                 for unbound, group in same.items()] + [(idle, "no worker ever waited on it")]
       for group, why in groups:
         if group:
-          lines.append(f"- {', '.join(c.variant for c in group)}: the staleness bound s "
+          lines.append(f"- {', '.join(dict.fromkeys(c.variant for c in group))}: the "
+                       "staleness bound s "
                        f"never bound at {m} workers: {why}.")
     return "\n".join(lines)
 
