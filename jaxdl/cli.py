@@ -51,7 +51,7 @@ EXIT_DIVERGED = 3
 LIST_FLAGS = ("--batch-sizes", "--worker-speeds", "--lr-milestones")
 COMPARE_LIST_FLAGS = ("--algorithms", "--workers", "--staleness-bounds",
                       "--communication-periods", "--gossip-probabilities", "--networks",
-                      "--timing-networks")
+                      "--timing-networks", "--seeds")
 
 
 def _split_lists(args: list[str], flags: tuple[str, ...] = LIST_FLAGS) -> list[str]:

@@ -60,7 +60,6 @@ class Comparison:
     return baseline()
 
   def baseline(self, network: str | None, timing: bool = False) -> CellResult | None:
-    pool = self.timing if timing else self.train
     """The one-worker baseline's first run on `network` (its first seed's)."""
     return next(iter(self.runs(self.baseline_variant, 1, network, timing)), None)
 
