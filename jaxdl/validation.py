@@ -71,8 +71,8 @@ def check_numbers(values: dict[str, Any], hints: dict[str, Any]) -> None:
   field past float32's range."""
   for field, value in values.items():
     hint, items = hints.get(field), value if isinstance(value, (tuple, list)) else (value,)
-    if field == "seed" and _holds(hint, int):
-      if not (isinstance(value, int) and 0 <= value < SEED_LIMIT):
+    if field in ("seed", "seeds") and _holds(hint, int) and value is not None:  # (--seeds: each)
+      if not all(isinstance(v, int) and 0 <= v < SEED_LIMIT for v in items):
         raise ConfigError(field, value, "an integer in [0, 2**32): jax.random.key keeps a "
                           "seed's low 32 bits")
     elif _holds(hint, int) and any(isinstance(v, int) and abs(v) >= INT_LIMIT for v in items):

@@ -204,7 +204,7 @@ TAKES_ZERO = {flag(f) for f in (
     "warmup_steps", "eval_every", "checkpoint_every", "process_id", "seed", "staleness_bound",
     "momentum", "weight_decay", "latency", "jitter", "straggler_prob", "outer_momentum",
     "dc_lambda", "dc_beta", "lc_lambda", "elasticity", "gossip_probability", "jobs",
-    "staleness_bounds", "gossip_probabilities")}
+    "staleness_bounds", "gossip_probabilities", "seeds")}
 # The variants that own compare's setting lists.
 LIST_OWNER = {"--staleness-bounds": "ssp", "--communication-periods": "easgd",
               "--gossip-probabilities": "gosgd"}
@@ -272,7 +272,7 @@ def bad_numbers(name: str, hint) -> st.SearchStrategy[str]:
   uint32) or float32, not finite; zero where it must be positive."""
   low = [] if name in TAKES_ZERO else [st.just("0")]
   if holds(hint, int):
-    top = 2**32 if name == "--seed" else 2**31
+    top = 2**32 if name in ("--seed", "--seeds") else 2**31
     return st.one_of(st.integers(max_value=-1).map(str), st.integers(min_value=top).map(str),
                      *low)
   return st.one_of(st.floats(max_value=-1e-9).map(repr), st.sampled_from(["nan", "inf"]),

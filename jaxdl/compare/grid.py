@@ -12,6 +12,7 @@ from jaxdl.algorithms import ALGORITHMS, settings_owners
 from jaxdl.config import AlgorithmConfig, RunConfig, field_owner
 from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError
+from jaxdl.validation import SEED_LIMIT
 
 # Fields that the grid sets per cell: as shared run flags they would be overridden.
 PER_CELL = {"algorithm": "--algorithms", "workers": "--workers", "network": "--networks",
@@ -145,8 +146,8 @@ class Grid:
     seeds = tuple(seeds)
     if not seeds:
       raise ConfigError("seeds", seeds, "one seed or more")
-    if min(seeds) < 0:
-      raise ConfigError("seeds", seeds, "seeds >= 0")
+    if min(seeds) < 0 or max(seeds) >= SEED_LIMIT:
+      raise ConfigError("seeds", seeds, "seeds in [0, 2**32), as --seed's")
     if len(set(seeds)) < len(seeds):
       raise ConfigError("seeds", seeds, "each seed once")
     return self.replace(seeds=seeds)
