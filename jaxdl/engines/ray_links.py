@@ -47,6 +47,18 @@ class _Probe:
     return seconds[1:]
 
 
+def _link(ray, end, central, nbytes: int) -> dict[str, float]:
+  """One worker node's link to the central node, measured from its probe `end`."""
+  def median_s(method: str, argument: Any, rounds: int = ROUNDS) -> float:
+    return statistics.median(ray.get(end.timed.remote(central, method, argument, rounds)))
+
+  small = (median_s("take", np.ones(1, np.uint8), SMALL_ROUNDS)
+           + median_s("give", 1, SMALL_ROUNDS)) / 2
+  push, pull = median_s("take", np.ones(nbytes, np.uint8)), median_s("give", nbytes)
+  return {"latency": small / 2, "push_s": push, "pull_s": pull, "small_s": small,
+          "bandwidth": nbytes / max((push + pull) / 2 - small, 1e-9)}
+
+
 def measure(address: str | None, server_node: str | None, nbytes: int) -> dict[str, Any] | None:
   """The links of the cluster at `address` (None: a local instance) whose
   central node is `server_node`'s (None: this driver's), for messages of
@@ -54,30 +66,24 @@ def measure(address: str | None, server_node: str | None, nbytes: int) -> dict[s
   `central_bandwidth`, and each node's measures; None on one node."""
   started = ray_driver.connect(address)
   import ray
+  probes = []
   try:
     placement = ray_placement.of_cluster(ray, server_node)
     if not placement.workers:
       return None
     probe = ray.remote(num_cpus=0)(_Probe)
     central = probe.options(**placement.central_options()).remote()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    ends = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                          memory=1).remote() for node in placement.workers]
-    payload, one = np.ones(nbytes, np.uint8), np.ones(1, np.uint8)
-    nodes = []
-    for end in ends:
-      times = lambda method, argument, rounds=ROUNDS: statistics.median(ray.get(
-          end.timed.remote(central, method, argument, rounds)))
-      small = (times("take", one, SMALL_ROUNDS) + times("give", 1, SMALL_ROUNDS)) / 2
-      push, pull = times("take", payload), times("give", nbytes)
-      nodes.append({"latency": small / 2, "push_s": push, "pull_s": pull, "small_s": small,
-                    "bandwidth": nbytes / max((push + pull) / 2 - small, 1e-9)})
+    ends = [probe.options(**placement.worker_options(i, soft=False)).remote()
+            for i in range(len(placement.workers))]
+    probes = [central, *ends]
+    nodes = [_link(ray, end, central, nbytes) for end in ends]
     start = time.perf_counter()
-    ray.get([end.timed.remote(central, "take", payload, ROUNDS) for end in ends])
+    ray.get([end.timed.remote(central, "take", np.ones(nbytes, np.uint8), ROUNDS)
+             for end in ends])
     together = len(ends) * (ROUNDS + 1) * nbytes / (time.perf_counter() - start)
-    for actor in [central, *ends]:
-      ray.kill(actor)
   finally:
+    for actor in probes:  # (a joined cluster's actors outlive this driver's calls)
+      ray.kill(actor)
     if started:
       ray_driver.shutdown()
   bandwidth = statistics.median(n["bandwidth"] for n in nodes)

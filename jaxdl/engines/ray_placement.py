@@ -52,8 +52,9 @@ class Placement:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.central, soft=False)}
 
-  def worker_options(self, w: int) -> dict[str, Any]:
-    """Worker w's options: its node of the others (where alive), or none."""
+  def worker_options(self, w: int, soft: bool = True) -> dict[str, Any]:
+    """Worker w's options: its node of the others (where alive; `soft`:
+    elsewhere once that node is dead), or none."""
     if not self.workers:
       return {}
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -61,7 +62,7 @@ class Placement:
     # Ray puts an actor that asks for no resource on a random node, whatever
     # its soft affinity (seen on Ray 2.60: 3 of 6 elsewhere); one byte of
     # memory makes the request one that the affinity decides.
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True), "memory": 1}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=soft), "memory": 1}
 
 
 def of_cluster(ray, server_node: str | None) -> Placement:
