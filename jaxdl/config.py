@@ -298,7 +298,7 @@ class RunConfig:
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     if legacy:
       owner = field_owner()
-      fields = _setting_fields(d.get("algorithm", "sgd"))
+      fields = _setting_fields(d.get("algorithm", AlgorithmConfig.algorithm))
       d = {k: v for k, v in d.items() if k in owner or k in fields}
     d = {k: None if k in applied and applied[k] == v else v for k, v in d.items()}
     _check_types(d)
@@ -382,7 +382,7 @@ def settings_types(algorithm: Any) -> dict[str, Any]:
 
 def _check_types(flat: dict[str, Any]) -> None:
   """Refuses a value of the wrong type in a config file, naming its field."""
-  hints = field_types() | settings_types(flat.get("algorithm", "sgd"))
+  hints = field_types() | settings_types(flat.get("algorithm", AlgorithmConfig.algorithm))
   for field, value in flat.items():
     if field in hints and not _fits(value, hints[field]):
       raise ConfigError(field, value, f"{type_name(hints[field])} (in the config file)")

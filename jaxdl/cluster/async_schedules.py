@@ -17,7 +17,8 @@ import heapq
 import numbers
 from typing import Callable, Sequence
 
-from jaxdl.cluster.cost import CostModel, Network
+from jaxdl.cluster.cost import CostModel
+from jaxdl.cluster.network import Network
 from jaxdl.cluster.schedule import Budget, Schedule, _check, _other
 from jaxdl.trace import Event
 

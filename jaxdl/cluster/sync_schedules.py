@@ -6,7 +6,8 @@ from __future__ import annotations
 import numbers
 from typing import Callable
 
-from jaxdl.cluster.cost import CostModel, Network
+from jaxdl.cluster.cost import CostModel
+from jaxdl.cluster.network import Network
 from jaxdl.cluster.schedule import Schedule, _check
 from jaxdl.trace import Event
 
