@@ -103,14 +103,39 @@ def _mark_diverged(ax, x: float, c, label: str) -> None:
           color=color(c.variant), transform=ax.get_xaxis_transform(), label=label)
 
 
-def _line(ax, seen: dict, xs, ys, label: str, **style) -> None:
-  """Plots a line on `ax`; one that lies exactly on a line `seen` before on
-  the same axes (e.g. ssp whose bound never bound, on asp) is recorded as
-  such (`seen[label]`), for its legend entry (`_legend`)."""
+def _line(ax, seen: dict, xs, intervals: list, label: str, band: bool = False,
+          **style) -> None:
+  """Plots a line through the means of `intervals` (a cell's over its seeds,
+  jaxdl.report.intervals) on `ax`, with their 95% intervals where a point is
+  over several seeds: a light band of the line's colour (`band`), else error
+  bars. One that lies exactly on a line `seen` before on the same axes (e.g.
+  ssp whose bound never bound, on asp) is recorded as such (`seen[label]`),
+  for its legend entry (`_legend`)."""
+  ys = [i.mean for i in intervals]
   first = seen.setdefault((tuple(xs), tuple(ys)), label)
   if first != label:
     seen[label] = first
-  ax.plot(xs, ys, label=label, **style)
+  if all(i.n == 1 for i in intervals):
+    ax.plot(xs, ys, label=label, **style)
+  elif band:
+    ax.plot(xs, ys, label=label, **style)
+    ax.fill_between(xs, [i.low for i in intervals], [i.high for i in intervals],
+                    color=style["color"], alpha=0.2, linewidth=0)
+  else:
+    ax.errorbar(xs, ys, yerr=[[i.mean - i.low for i in intervals],
+                              [i.high - i.mean for i in intervals]],
+                label=label, capsize=3, **style)
+
+
+def _seeds_title(fig, report: Report, cells, interpolated: list[str], what: str) -> None:
+  """Says, above a figure of cells run over several seeds, what its lines and
+  `what` (their bands or bars) show, and which variants' curves were
+  interpolated (their runs evaluated at different steps)."""
+  if all(len(report.runs(c.variant, c.workers, c.network, c.timing)) == 1 for c in cells):
+    return
+  fig.suptitle(f"mean over the seeds, {what}: 95% interval" + (
+      f"; runs evaluated at different steps interpolated: {', '.join(interpolated)}"
+      if interpolated else ""), fontsize=9)
 
 
 def _legend(fig, axes, seen: list[dict] | None = None) -> None:
@@ -146,24 +171,39 @@ def curves(report: Report, x: str) -> Figure:
   styles = _linestyles(report)
   fig, axes = plt.subplots(1, len(workers), figsize=(4.5 * len(workers), 4), squeeze=False,
                            sharey=True)
-  base = report.baseline(report.main)
+  base = report.baseline_variant
   seen: list[dict] = []
+  interpolated: list[str] = []
   for ax, m in zip(axes[0], workers):
     seen.append({})
-    for c in [c for c in cells if c.workers == m and c is not base] + ([base] if base else []):
-      label = f"{c.variant} (1 worker)" if c is base else c.variant
-      if c.curve:
-        _line(ax, seen[-1], [p[x] for p in c.curve], [p["score"] for p in c.curve], label,
-              marker=marker(c.variant), markersize=4, color=color(c.variant),
-              linestyle=styles[c.workers])
-      if c.diverged and c.last:
+    shown = [(v, m) for v in dict.fromkeys(c.variant for c in cells
+                                           if c.workers == m and c.variant != base)]
+    for v, w in shown + [(base, 1)]:
+      runs = report.runs(v, w, report.main)
+      label = f"{v} (1 worker)" if v == base else v
+      mean = report.mean_curve(runs, x)
+      if mean:
+        _line(ax, seen[-1], mean.x, mean.scores, label, band=True, marker=marker(v),
+              markersize=4, color=color(v), linestyle=styles[w])
+        if mean.interpolated and label not in interpolated:
+          interpolated.append(label)
+      for c in (c for c in runs if c.diverged and c.last):
         _mark_diverged(ax, c.last[x], c, f"{label} (diverged)")
     ax.set_title(f"{m} workers")
     ax.set_xlabel(f"time ({_clock(cells)} seconds)" if x == "time" else "epochs")
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel(report.label)
   _legend(fig, axes[0], seen)
+  _seeds_title(fig, report, cells, interpolated, "shaded")
   return fig
+
+
+def _per_workers(report: Report, cells, value: Callable) -> tuple[list[int], list]:
+  """The worker counts of `cells` (one variant's, on one network) at which
+  `value` of a run has a figure, and each one's interval over its seeds."""
+  points = [(m, report.interval(value(c) for c in cells if c.workers == m))
+            for m in sorted({c.workers for c in cells})]
+  return [m for m, i in points if i], [i for _, i in points if i]
 
 
 def accuracy_against_workers(report: Report) -> Figure:
@@ -174,20 +214,24 @@ def accuracy_against_workers(report: Report) -> Figure:
   fig, ax = plt.subplots(figsize=(6, 4))
   seen: dict = {}
   for v in variants:
-    points = sorted((c.workers, c.score) for c in cells
-                    if c.variant == v and c.score is not None)
-    if points:
-      _line(ax, seen, *zip(*points), v, **variant_style(v))
+    workers, scores = _per_workers(report, [c for c in cells if c.variant == v],
+                                   lambda c: c.score)
+    if workers:
+      _line(ax, seen, workers, scores, v, **variant_style(v))
     for c in (c for c in cells if c.variant == v and c.diverged):
       _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
-  base = report.baseline(report.main)
-  if base and base.score is not None:
-    ax.axhline(base.score, color=color(base.variant), linestyle="--",
-               label=f"{base.variant} (1 worker)")
+  base_variant = report.baseline_variant
+  base = report.interval(c.score for c in report.runs(base_variant, 1, report.main))
+  if base:
+    ax.axhline(base.mean, color=color(base_variant), linestyle="--",
+               label=f"{base_variant} (1 worker)")
+    if base.n > 1:
+      ax.axhspan(base.low, base.high, color=color(base_variant), alpha=0.15, linewidth=0)
   ax.set_xlabel("workers")
   ax.set_ylabel(report.label)
   ax.grid(alpha=0.3)
   _legend(fig, [ax], [seen])
+  _seeds_title(fig, report, cells, [], "error bars")
   return fig
 
 
@@ -201,16 +245,18 @@ def speedup_against_workers(report: Report) -> Figure:
                            squeeze=False, sharey=True)
   seen: list[dict] = []
   for ax, (net, pool) in zip(axes[0], panels):
-    base = next((c for c in pool if c.variant == report.baseline_variant and c.network == net),
-                None)
+    bases = [c for c in pool if c.variant == report.baseline_variant and c.network == net]
     cells = [c for c in pool if c.network == net and c.variant != report.baseline_variant]
     seen.append({})
+
+    def speedup(c) -> float | None:  # over the baseline's run of the same seed
+      base = report.same_seed(c, bases)
+      return None if c.diverged else ratio(c.throughput, base and base.throughput)
+
     for v in dict.fromkeys(c.variant for c in cells):
-      points = sorted((c.workers, ratio(c.throughput, base and base.throughput))
-                      for c in cells if c.variant == v and not c.diverged)
-      points = [(m, s) for m, s in points if s is not None]
-      if points:
-        _line(ax, seen[-1], *zip(*points), v, **variant_style(v))
+      workers, speedups = _per_workers(report, [c for c in cells if c.variant == v], speedup)
+      if workers:
+        _line(ax, seen[-1], workers, speedups, v, **variant_style(v))
       for c in (c for c in cells if c.variant == v and c.diverged):
         _mark_diverged(ax, c.workers, c, f"{v} (diverged)")
     workers = sorted({c.workers for c in cells})
@@ -222,6 +268,7 @@ def speedup_against_workers(report: Report) -> Figure:
   clock = _clock(report.train + report.timing)
   axes[0][0].set_ylabel(f"speedup over 1-worker SGD\n(samples per {clock} second)")
   _legend(fig, axes[0], seen)
+  _seeds_title(fig, report, report.train + report.timing, [], "error bars")
   return fig
 
 
@@ -229,15 +276,19 @@ def batch_times(report: Report) -> Figure:
   """Each worker's batch-time histogram, one panel per cell that recorded
   them (the Choi seed's per-worker distributions)."""
   plt = _pyplot()
-  cells = report.heterogeneous(report.main)
+  timed = report.heterogeneous(report.main)
+  cells = list(dict.fromkeys((c.variant, c.workers) for c in timed))
   fig, axes = plt.subplots(len(cells), 1, figsize=(6, 2.2 * len(cells)), squeeze=False)
-  for ax, c in zip(axes[:, 0], cells):
-    histogram = c.summary["batch_seconds_histogram"]
-    edges = histogram["edges"]
-    for m, counts in enumerate(histogram["counts"]):
-      ax.stairs(counts, edges, label=f"worker {m}", fill=False, linewidth=1.5)
-    idle = 100 * c.summary["idle_fraction"]
-    ax.set_title(f"{c.variant} ×{c.workers}: idle {idle:.1f}% of worker time", fontsize=9)
+  for ax, (variant, workers) in zip(axes[:, 0], cells):
+    runs = [c for c in timed if (c.variant, c.workers) == (variant, workers)]
+    for c in runs:  # each seed's, a worker's in the same colour
+      histogram = c.summary["batch_seconds_histogram"]
+      for m, counts in enumerate(histogram["counts"]):
+        ax.stairs(counts, histogram["edges"], label=f"worker {m}", fill=False, linewidth=1.5,
+                  color=f"C{m % 10}")
+    idle = report.interval(100 * c.summary["idle_fraction"] for c in runs)
+    seeds = f", each of {len(runs)} seeds' histograms" if len(runs) > 1 else ""
+    ax.set_title(f"{variant} ×{workers}: idle {idle:.1f}% of worker time{seeds}", fontsize=9)
     ax.set_ylabel("batches")
     ax.grid(alpha=0.3)
   axes[-1, 0].set_xlabel("seconds per batch")
@@ -264,12 +315,13 @@ def accuracy_against_bytes(report: Report) -> Figure:
     cells = _bytes_cells(report, net)
     seen.append({})
     for v in dict.fromkeys(c.variant for c in cells):
-      points = sorted((c.workers, c.summary["bytes_total"] / 1e6, c.score)
-                      for c in cells if c.variant == v)
-      _line(ax, seen[-1], [p[1] for p in points], [p[2] for p in points], v,
-            **variant_style(v))
-      for m, x, y in points:
-        ax.annotate(f"×{m}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+      runs = [c for c in cells if c.variant == v]
+      workers, scores = _per_workers(report, runs, lambda c: c.score)
+      sent = _per_workers(report, runs, lambda c: c.summary["bytes_total"] / 1e6)[1]
+      _line(ax, seen[-1], [b.mean for b in sent], scores, v, **variant_style(v))
+      for m, x, y in zip(workers, sent, scores):
+        ax.annotate(f"×{m}", (x.mean, y.mean), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(f"network {net}")
@@ -277,6 +329,7 @@ def accuracy_against_bytes(report: Report) -> Figure:
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel(report.label)
   _legend(fig, axes[0], seen)
+  _seeds_title(fig, report, report.train, [], "error bars")
   return fig
 
 
@@ -284,23 +337,34 @@ def strategies(report: Report) -> Figure:
   """The parallelisms' samples/s, memory per device and time to the target,
   a bar a cell (the ASU seed's figures)."""
   plt = _pyplot()
-  cells = report.strategies(report.main)
-  names = [c.variant for c in cells]
-  memory = [(c.summary["memory_per_device_bytes"]["arguments"]
-             + c.summary["memory_per_device_bytes"]["temporaries"]) / 1e6 for c in cells]
-  panels = (("samples/s", [c.throughput for c in cells]),
-            ("memory per device (MB)", memory),
-            (f"time to {report.target:.2f} (s)", [c.time_to(report.target) for c in cells]))
+  runs = report.strategies(report.main)
+  names = list(dict.fromkeys(c.variant for c in runs))
+
+  def per_cell(value: Callable) -> list:
+    return [report.interval(value(c) for c in runs if c.variant == n) for n in names]
+
+  def memory(c) -> float:
+    return (c.summary["memory_per_device_bytes"]["arguments"]
+            + c.summary["memory_per_device_bytes"]["temporaries"]) / 1e6
+
+  panels = (("samples/s", per_cell(lambda c: c.throughput)),
+            ("memory per device (MB)", per_cell(memory)),
+            (f"time to {report.target:.2f} (s)", per_cell(lambda c: c.time_to(report.target))))
+  several = len(runs) > len(names)
   fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3))
   for ax, (label, values) in zip(axes, panels):
-    ax.bar(names, [v if v is not None else 0 for v in values],
-           color=[color(n) for n in names])
+    bars = dict(yerr=[[v.mean - v.low if v else 0 for v in values],
+                      [v.high - v.mean if v else 0 for v in values]], capsize=3) \
+        if several else {}
+    ax.bar(names, [v.mean if v is not None else 0 for v in values],
+           color=[color(n) for n in names], **bars)
     for i, v in enumerate(values):
       if v is None:
         ax.text(i, 0, "—", ha="center", va="bottom")
     ax.set_title(label, fontsize=9)
     ax.tick_params(axis="x", labelrotation=45)
     ax.grid(axis="y", alpha=0.3)
+  _seeds_title(fig, report, runs, [], "error bars")
   return fig
 
 

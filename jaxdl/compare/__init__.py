@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from jaxdl.compare.args import CompareArgs, apply_args, description, named_grid, passed_on
 from jaxdl.compare.checks import check_cells, check_out
+from jaxdl.compare.findings import Finding
 from jaxdl.compare.grid import DEFAULT_RUN, PER_CELL, Cell, Grid, Variant, section_fields
 from jaxdl.compare.grids import (COMMUNICATION_GRID, DC_ASGD_A, DEFAULT_GRID, GOSSIP_GRID, GRIDS,
                                  IPDPS21_VARIANTS, STRATEGIES_GRID, load_experiment)
@@ -27,6 +28,6 @@ from jaxdl.compare.run import CELLS_FILE, GRID_FILE, run_grid, target_metric
 
 __all__ = ["CELLS_FILE", "COMMUNICATION_GRID", "DC_ASGD_A", "DEFAULT_GRID", "DEFAULT_RUN",
            "GOSSIP_GRID", "GRIDS", "GRID_FILE", "IPDPS21_VARIANTS", "PER_CELL",
-           "STRATEGIES_GRID", "Cell", "CompareArgs", "Grid", "Variant", "apply_args",
+           "STRATEGIES_GRID", "Cell", "CompareArgs", "Finding", "Grid", "Variant", "apply_args",
            "check_cells", "check_out", "default_jobs", "description", "load_experiment",
            "named_grid", "outcome", "passed_on", "run_grid", "section_fields", "target_metric"]

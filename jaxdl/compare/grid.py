@@ -9,6 +9,7 @@ from typing import Any, Iterable, Sequence
 
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS, settings_owners
+from jaxdl.compare.findings import Finding, check_findings
 from jaxdl.config import AlgorithmConfig, RunConfig, field_owner
 from jaxdl.engines import ENGINES
 from jaxdl.errors import ConfigError
@@ -127,8 +128,19 @@ class Grid:
   seeds: tuple[int, ...] = ()
   """Seeds each cell runs with, a run directory each (CELL-seedN); the report
   gives their mean and its 95% interval. Empty: one run, with the run's seed."""
+  findings: tuple[Finding, ...] = ()
+  """What the grid's variants are expected to show (a paper's findings),
+  which the report judges by the cells' intervals over the seeds."""
+
+  def __post_init__(self):
+    check_findings(self.findings, (v.label for v in self.variants))
 
   def replace(self, **changes: Any) -> Grid:
+    """The grid with `changes`; new variants (--algorithms, a sweep) keep the
+    findings about those of them that were there before, and drop the others."""
+    if "variants" in changes and "findings" not in changes:
+      labels = {v.label for v in changes["variants"]}
+      changes["findings"] = tuple(f for f in self.findings if {f.better, f.worse} <= labels)
     return dataclasses.replace(self, **changes)
 
   def with_run(self, **flat: Any) -> Grid:
@@ -225,4 +237,5 @@ class Grid:
                           "settings": dict(v.settings)} for v in self.variants],
             "workers": list(self.workers), "networks": list(self.networks),
             "timing_networks": list(self.timing_networks), "run": dict(self.run),
-            **({"seeds": list(self.seeds)} if self.seeds else {})}
+            **({"seeds": list(self.seeds)} if self.seeds else {}),
+            **({"findings": [f.to_dict() for f in self.findings]} if self.findings else {})}

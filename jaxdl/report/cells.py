@@ -14,6 +14,7 @@ from typing import Any
 
 from jaxdl import labels, rundir
 from jaxdl.compare import CELLS_FILE, GRID_FILE
+from jaxdl.compare.findings import Finding, read_findings
 from jaxdl.config import FILE_RECORDS
 from jaxdl.errors import ConfigError
 
@@ -88,6 +89,13 @@ class CellResult:
     return None if hit is None else hit["time"]
 
 
+def test_error(c: CellResult | None) -> float | None:
+  """Test error %, or the metric itself where lower is better (a loss)."""
+  if c is None or c.score is None:
+    return None
+  return 100 * (1 - c.score) if c.higher_is_better else c.score
+
+
 def _flat(path: Path) -> dict:
   """A run's config.json as flat fields (its settings included; not its records)."""
   d = {k: v for k, v in json.loads(path.read_text()).items() if k not in FILE_RECORDS}
@@ -157,3 +165,15 @@ def load(directory: str | Path) -> tuple[list[CellResult], dict[str, dict], dict
                               bool(config.get("async_bn")), config["algorithm"],
                               points[-1] if points else None, config.get("seed")))
   return results, status, skipped
+
+
+def grid_findings(directory: str | Path) -> tuple[Finding, ...]:
+  """The findings that the comparison's grid.json records (none without one,
+  or in one written before grids recorded them), checked against its variants."""
+  directory = Path(directory)
+  if not (directory / GRID_FILE).exists():
+    return ()
+  grid = _comparison_file(directory, GRID_FILE, "the grid and its cells", _grid_cells)
+  record = grid.get("grid")
+  return read_findings(record.get("findings") if isinstance(record, dict) else None,
+                       dict.fromkeys(c["variant"] for c in grid["cells"]))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Iterable
 
 from jaxdl.compare.grid import baseline
-from jaxdl.report.cells import ACCURACY, CellResult, load
-from jaxdl.report.intervals import Interval
+from jaxdl.report.cells import ACCURACY, CellResult, grid_findings, load
+from jaxdl.report.intervals import Interval, MeanCurve, mean_curve
 from jaxdl.validation import check_target
 
 
@@ -24,6 +25,7 @@ class Comparison:
   def __init__(self, directory: str | Path, target: float | None = None):
     self.directory = Path(directory)
     cells, self.status, self.skipped = load(self.directory)
+    self.findings = grid_findings(self.directory)
     for name, why in self.skipped.items() if cells else ():  # (with none: the caller's error)
       print(f"warning: skipping cell {name}: its run files are unreadable ({why})",
             file=sys.stderr)
@@ -76,6 +78,17 @@ class Comparison:
       if c.network == network:
         cells.setdefault((c.variant, c.workers), []).append(c)
     return list(cells.values())
+
+  @staticmethod
+  def interval(values: Iterable[float | None]) -> Interval | None:
+    """The mean of a cell's values over its seeds and its 95% interval (for
+    jaxdl.plots, which jaxdl.report imports)."""
+    return Interval.of(values)
+
+  @staticmethod
+  def mean_curve(runs: list[CellResult], x: str) -> MeanCurve | None:
+    """The runs' mean learning curve against `x` ("time" or "epoch")."""
+    return mean_curve([r.curve for r in runs], x)
 
   @staticmethod
   def same_seed(run: CellResult, runs: list[CellResult]) -> CellResult | None:

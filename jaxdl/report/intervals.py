@@ -12,6 +12,8 @@ import dataclasses
 import math
 from typing import Iterable
 
+import numpy as np
+
 # t_{0.975, df}, the 97.5% quantile of Student's t with df degrees of freedom
 # (scipy.stats.t.ppf(0.975, df)), for df = 1..30; past 30, the Cornish-Fisher
 # expansion around the normal quantile (within 2e-6 of scipy's from 31 on).
@@ -87,3 +89,38 @@ def separation(a: Interval, b: Interval) -> int:
   if a.high < b.low:
     return -1
   return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanCurve:
+  """The mean of a cell's learning curves over its seeds: at each x, the
+  interval of the runs' scores."""
+  x: list[float]
+  scores: list[Interval]
+  interpolated: bool
+  """The runs were evaluated at different steps: each run's score is
+  interpolated (linearly) at the x of every run's evaluations within its own
+  range, and the interval is over the runs that reach that x."""
+
+  @property
+  def mean(self) -> list[float]:
+    return [i.mean for i in self.scores]
+
+
+def mean_curve(curves: list[list[dict[str, float]]], x: str) -> MeanCurve | None:
+  """The mean curve of runs' evaluations (dicts with "step", `x` and
+  "score"): where every run was evaluated at the same steps, the point of
+  a step is the runs' mean `x` and the interval of their scores there; else
+  the scores are interpolated (MeanCurve.interpolated). None without points."""
+  curves = [c for c in curves if c]
+  if not curves:
+    return None
+  steps = [[p["step"] for p in c] for c in curves]
+  if all(s == steps[0] for s in steps):
+    return MeanCurve([Interval.of(p[x] for p in points).mean for points in zip(*curves)],
+                     [Interval.of(p["score"] for p in points) for points in zip(*curves)],
+                     False)
+  grid = sorted({p[x] for c in curves for p in c})
+  scores = [Interval.of(float(np.interp(at, [p[x] for p in c], [p["score"] for p in c]))
+                        for c in curves if c[0][x] <= at <= c[-1][x]) for at in grid]
+  return MeanCurve(grid, scores, True)

@@ -24,7 +24,8 @@ its mean over the seeds and its 95% interval (intervals.py), e.g.
 ``0.9731 ± 0.0042 (3 seeds)``, a ratio or degradation taken against the
 baseline's run of the same seed; "(2 of 3 seeds)" where a run lacks the
 figure (it diverged, or never reached the target). The partition and
-parallelism tables list each seed's run.
+parallelism tables give a per-worker (per-device) list as each element's
+mean over the seeds.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from typing import Callable
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.plots import ratio
-from jaxdl.report.cells import CellResult
+from jaxdl.report.cells import CellResult, test_error
 from jaxdl.report.comparison import Comparison
+from jaxdl.report.findings import FINDINGS_NOTE, findings_table
 from jaxdl.report.intervals import Interval
 from jaxdl.report.markdown import fmt, table
 from jaxdl.report.prediction import prediction_note, prediction_table
@@ -48,13 +50,6 @@ WAIT_NOTE = ("Wait is the time a worker is held by its algorithm's rule: at a sy
 
 
 DIVERGED = "diverged"  # a diverged run's entry in every table, in place of a figure
-
-
-def _error(c: CellResult | None) -> float | None:
-  """Test error %, or the metric itself where lower is better (a loss)."""
-  if c is None or c.score is None:
-    return None
-  return 100 * (1 - c.score) if c.higher_is_better else c.score
 
 
 def _variants(cells: list[CellResult]) -> list[str]:
@@ -93,6 +88,13 @@ def _entry(runs: list[CellResult], value: Callable[[CellResult], float | None],
     return DIVERGED
   interval = Interval.of(value(r) for r in runs)
   return fmt(interval, spec) + _seeds(runs, interval)
+
+
+def per_element(runs: list[CellResult], values: Callable[[CellResult], list[float]],
+                spec: str) -> str:
+  """A per-worker (or per-device) list of the runs' as each element's mean
+  over the runs and its 95% interval, joined by " / "."""
+  return " / ".join(format(Interval.of(column), spec) for column in zip(*map(values, runs)))
 
 
 def _megabytes(r: CellResult) -> float | None:
@@ -134,7 +136,7 @@ class Tables(Comparison):
     cells = [c for c in self.train if c.network == network]
 
     def degraded(r: CellResult) -> float | None:
-      error, base_error = _error(r), _error(self._base(r, network))
+      error, base_error = test_error(r), test_error(self._base(r, network))
       return degradation(error, base_error) if error is not None and base_error else None
 
     rows = []
@@ -142,7 +144,7 @@ class Tables(Comparison):
       row = [str(m)]
       for v in _variants(cells):
         runs = self.runs(v, m, network)
-        error = Interval.of(_error(r) for r in runs)
+        error = Interval.of(test_error(r) for r in runs)
         if error is None:
           row.append(DIVERGED if runs else "")
           continue
@@ -165,7 +167,7 @@ class Tables(Comparison):
       for v in variants:
         pair = [[c for c in cells if c.bn_variant == v and c.workers == m
                  and c.async_bn == abn] for abn in (False, True)]
-        row.append("" if not any(pair) else " / ".join(_entry(runs, _error, ".2f")
+        row.append("" if not any(pair) else " / ".join(_entry(runs, test_error, ".2f")
                                                        for runs in pair))
       rows.append(row)
     return table(["workers"] + variants, rows)
@@ -224,58 +226,77 @@ class Tables(Comparison):
             (lambda r: r.time_to(self.target), ".4g"), (tta_speedup, ".2f"),
             (lambda r: None if r.diverged else wait_pct(r), ".1f")]
 
+  def _cells_of(self, picked: list[CellResult]) -> list[list[CellResult]]:
+    """The cells of the runs `picked`, in order, each as all its runs over the seeds."""
+    keys = dict.fromkeys((c.variant, c.workers, c.network) for c in picked)
+    return [self.runs(*key) for key in keys]
+
   def partition_table(self, network: str) -> str:
     """Time per epoch, idle fraction and each worker's batch seconds of the
     cells with recorded batch times (the Choi seed's comparison of
-    partitions), a row per run (per seed)."""
+    partitions), a row per cell (each figure its mean over the seeds)."""
+    def per_epoch(r: CellResult) -> float | None:
+      epochs = r.summary.get("epochs")
+      time_s = r.summary.get("trace_time_s", r.time_s)  # a real run's: its steps' alone
+      return time_s / epochs if time_s and epochs and not r.diverged else None
+
+    cells = self._cells_of(self.heterogeneous(network))
+    several = any(len(runs) > 1 for runs in cells)
     rows = []
-    for c in self.heterogeneous(network):
-      s = c.summary
-      epochs = s.get("epochs")
-      time_s = s.get("trace_time_s", c.time_s)  # a real run's: its steps' alone
-      per_epoch = time_s / epochs if time_s and epochs else None
-      batches = " / ".join(f"{m:.3g} ± {d:.2g}" for m, d in zip(
-          s["batch_seconds_per_worker"], s["batch_seconds_std"]))
-      rows.append([self._run_label(c, f"{c.variant} ×{c.workers}"), str(s.get("batch_sizes")),
-                   fmt(per_epoch, ".4g"), fmt(100 * s["idle_fraction"], ".1f"), batches,
-                   fmt(c.score)])
+    for runs in cells:
+      timed = [r for r in runs if not r.diverged and r.summary.get("batch_seconds_histogram")]
+      c = timed[0]
+      batches = (per_element(timed, lambda r: r.summary["batch_seconds_per_worker"], ".3g")
+                 if several else " / ".join(f"{m:.3g} ± {d:.2g}" for m, d in zip(
+                     c.summary["batch_seconds_per_worker"], c.summary["batch_seconds_std"])))
+      rows.append([f"{c.variant} ×{c.workers}", str(c.summary.get("batch_sizes")),
+                   _entry(runs, per_epoch, ".4g"),
+                   _entry(runs, lambda r: None if r not in timed
+                          else 100 * r.summary["idle_fraction"], ".1f"),
+                   batches, _entry(runs, lambda r: r.score)])
     return table(["cell", "batch sizes at step 0", "time per epoch (s)",
-                      "idle (% of worker time)", "batch seconds per worker (mean ± std)",
-                      self.label], rows)
+                  "idle (% of worker time)", "batch seconds per worker (mean ± "
+                  + ("95% interval over the seeds)" if several else "std)"),
+                  self.label], rows)
 
   def strategies_table(self, network: str) -> str:
     """The ASU seed's table: each cell's strategy, devices, global batch,
     samples/s, utilization (a pipeline's: each device's busy fraction, its
     measured bubble beside the ideal), memory per device, time per epoch,
     time to the target and cost (with --price-per-device-hour), a row per
-    run (per seed)."""
+    cell (each figure its mean over the seeds)."""
+    def of(field: str, scale: float = 1.0) -> Callable[[CellResult], float | None]:
+      return lambda r: None if r.diverged or r.summary.get(field) is None \
+          else scale * r.summary[field]
+
+    def megabytes(r: CellResult) -> float | None:
+      memory = r.summary["memory_per_device_bytes"]
+      return None if r.diverged else (memory["arguments"] + memory["temporaries"]) / 1e6
+
     rows = []
-    for c in self.strategies(network):
-      s = c.summary
+    for runs in self._cells_of(self.strategies(network)):
+      c, s = runs[0], runs[0].summary
       strategy = (f"pipeline, {s['stages']} stages x {s['microbatches']} micro-batches"
                   if s.get("stages") else f"tensor, {s['tensor_parallel']} devices a worker"
                   if s.get("tensor_parallel") else f"data, {c.workers} worker(s)")
-      memory = s["memory_per_device_bytes"]
-      mb = (memory["arguments"] + memory["temporaries"]) / 1e6
-      busy = s.get("busy_fraction_per_device")
-      bubble = (f"{100 * s['bubble_fraction_measured']:.0f} (ideal "
-                f"{100 * s['bubble_fraction_ideal']:.0f})" if busy else "—")
-      row = [self._run_label(c, c.variant), strategy, str(s.get("devices")),
-             str(sum(s.get("batch_sizes") or [])),
-             fmt(c.throughput, ",.0f"),
-             " / ".join(f"{100 * b:.0f}" for b in busy) if busy else "—", bubble,
-             fmt(mb, ".2f"), fmt(s.get("seconds_per_epoch"), ".4g"),
-             fmt(c.time_to(self.target), ".4g"), fmt(s.get("cost"), ".4g")]
-      rows.append(row if not c.diverged else row[:4] + [DIVERGED] + ["—"] * 6)
+      row = [c.variant, strategy, str(s.get("devices")), str(sum(s.get("batch_sizes") or []))]
+      if all(r.diverged for r in runs):
+        rows.append(row + [DIVERGED] + ["—"] * 6)
+        continue
+      busy = [r for r in runs if not r.diverged and r.summary.get("busy_fraction_per_device")]
+      bubble = (f"{fmt(Interval.of(of('bubble_fraction_measured', 100)(r) for r in busy), '.0f')}"
+                f" (ideal {100 * s['bubble_fraction_ideal']:.0f})" if busy else "—")
+      rows.append(row + [
+          _entry(runs, lambda r: r.throughput, ",.0f"),
+          per_element(busy, lambda r: [100 * b for b in r.summary["busy_fraction_per_device"]],
+                      ".0f") if busy else "—", bubble,
+          _entry(runs, megabytes, ".2f"), _entry(runs, of("seconds_per_epoch"), ".4g"),
+          _entry(runs, lambda r: r.time_to(self.target), ".4g"),
+          _entry(runs, of("cost"), ".4g")])
     return table(["cell", "strategy", "devices", "global batch", "samples/s",
-                      "busy (% per device)", "bubble (%)",
-                      "memory per device (MB: arguments + temporaries)", "time per epoch (s)",
-                      f"time to {self.target:.2f} (s)", "cost"], rows)
-
-  def _run_label(self, run: CellResult, label: str) -> str:
-    """A table's label of one run: its cell's, and its seed where the cell has several."""
-    several = len(self.runs(run.variant, run.workers, run.network, run.timing)) > 1
-    return f"{label} (seed {run.seed})" if several else label
+                  "busy (% per device)", "bubble (%)",
+                  "memory per device (MB: arguments + temporaries)", "time per epoch (s)",
+                  f"time to {self.target:.2f} (s)", "cost"], rows)
 
   def staleness_notes(self, network: str) -> str:
     """What the staleness column counts, and the cells whose staleness bound
@@ -336,6 +357,8 @@ class Tables(Comparison):
                   prediction_table(), prediction_note()]
       notes = self.staleness_notes(net)
       parts += [notes] if notes else []
+      if self.findings:
+        parts += [f"### Findings{where}", findings_table(self, net), FINDINGS_NOTE]
     diverged = [c for c in self.train + self.timing if c.diverged]
     if diverged:
       parts += ["### Diverged cells (stopped; no test figures)", "\n".join(
