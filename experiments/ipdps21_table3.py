@@ -21,7 +21,8 @@ Scales (``--scale``, or ``JAXDL_SCALE`` for `jaxdl compare --experiment`):
 Every other argument is a `jaxdl compare` flag (``--out``, ``--jobs``,
 ``--workers 4,8``, any `jaxdl run` flag such as ``--seed 1``); the default
 ``--out`` is ``runs/ipdps21_table3-<scale>``. `jaxdl report DIR` redoes the
-tables and plots.
+tables and plots, and judges the paper's findings (FINDINGS) by the cells'
+95% intervals over their seeds (``--seeds 0 1 2 3 4``).
 """
 from __future__ import annotations
 
@@ -29,9 +30,19 @@ import os
 import sys
 
 from jaxdl.cli import experiment_main
-from jaxdl.compare import DEFAULT_RUN, IPDPS21_VARIANTS, Grid, Variant
+from jaxdl.compare import DEFAULT_RUN, IPDPS21_VARIANTS, Finding, Grid, Variant
 
 VARIANTS = (Variant("sgd"), *IPDPS21_VARIANTS)
+
+# The paper's findings on accuracy, at every worker count of its Table III:
+# (F1) intermittent communication costs accuracy: EASGD with a longer period,
+# GoSGD with a lower gossip probability, SSP with a larger bound are less
+# accurate, and ASP (aggregating every iteration) more than EASGD and GoSGD;
+# (F2) centralized ASP beats decentralized AD-PSGD.
+FINDINGS = tuple(Finding(name, better, worse) for name, better, worse in (
+    ("F1", "easgd_tau4", "easgd_tau8"), ("F1", "gosgd_p1", "gosgd_p0.1"),
+    ("F1", "gosgd_p0.1", "gosgd_p0.01"), ("F1", "ssp_s3", "ssp_s10"),
+    ("F1", "asp", "easgd_tau4"), ("F1", "asp", "gosgd_p0.1"), ("F2", "asp", "ad_psgd")))
 
 PAPER_RUN = (("dataset", "tfds:imagenet2012"), ("image_size", 224), ("model", "resnet50"),
              ("engine", "sim"), ("cluster", "titan-v"), ("batch_size", 32), ("lr", 0.1),
@@ -43,9 +54,9 @@ PAPER_RUN = (("dataset", "tfds:imagenet2012"), ("image_size", 224), ("model", "r
 def grid(scale: str) -> Grid:
   """The grid at `scale` ("mini" or "paper")."""
   if scale == "mini":
-    return Grid(variants=VARIANTS, workers=(4, 8, 16, 24), run=DEFAULT_RUN)
+    return Grid(variants=VARIANTS, workers=(4, 8, 16, 24), run=DEFAULT_RUN, findings=FINDINGS)
   if scale == "paper":
-    return Grid(variants=VARIANTS, workers=(4, 8, 16, 24), run=PAPER_RUN)
+    return Grid(variants=VARIANTS, workers=(4, 8, 16, 24), run=PAPER_RUN, findings=FINDINGS)
   raise ValueError(f"--scale {scale!r}: mini or paper")
 
 

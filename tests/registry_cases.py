@@ -63,17 +63,20 @@ def assert_tables_hold(printed: str, variant: str, workers: int, summary: dict,
 T_975_2 = 4.302652729749462  # Student's t, 97.5% quantile, 2 degrees of freedom
 
 
+def held(values, spec: str) -> str:
+  """Three values as the tables should give them: numpy's mean ± t_{0.975,2} s / √3."""
+  xs = np.asarray(values, dtype=np.float64)
+  assert len(xs) == 3
+  half = T_975_2 * xs.std(ddof=1) / np.sqrt(len(xs))
+  return f"{xs.mean():{spec}} ± {half:{spec.replace('+', '')}}"
+
+
 def assert_intervals_hold(printed: str, variant: str, workers: int, summaries: list[dict],
                           bases: list[dict]) -> None:
   """The tables of `printed` give a cell of three seeds (`summaries`, in the
   seeds' order, as the baseline's `bases`) as numpy's mean of its runs' figures
   and the 95% t interval worked out here: its metric, its error and degradation
   against the baseline's run of the same seed, its samples/s."""
-  def held(values, spec: str) -> str:
-    xs = np.asarray(values, dtype=np.float64)
-    half = T_975_2 * xs.std(ddof=1) / np.sqrt(len(xs))
-    return f"{xs.mean():{spec}} ± {half:{spec.replace('+', '')}}"
-
   metric, higher = summaries[0]["target_metric"], summaries[0]["higher_is_better"]
   label = metric.replace("_", " ").capitalize()
   scores = [s[metric] for s in summaries]
