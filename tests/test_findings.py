@@ -39,9 +39,11 @@ def test_the_verdicts_of_hand_made_intervals():
 
 def test_a_finding_names_a_known_variant_and_figure_or_is_refused():
   variants = (Variant("sgd"), Variant("asp"), Variant("ssp", (("staleness_bound", 3),)))
-  with pytest.raises(ConfigError, match=r"--findings='ssp_s9' is not valid: a variant of the grid: sgd, asp"):
+  with pytest.raises(ConfigError,
+                     match="--findings='ssp_s9' is not valid: a variant of the grid: sgd, asp"):
     Grid(variants=variants, findings=(Finding("F", "asp", "ssp_s9"),))
-  with pytest.raises(ConfigError, match="--findings='accuracy' is not valid: a figure of metric, error"):
+  with pytest.raises(ConfigError,
+                     match="--findings='accuracy' is not valid: a figure of metric, error"):
     Finding("F", "asp", "ssp_s3", figure="accuracy")
   grid = Grid(variants=variants, findings=(Finding("F", "asp", "ssp_s3", (4,), "error"),))
   # recorded in grid.json, and read back as it was
@@ -61,7 +63,8 @@ def _judged(root, accuracy, findings_record):
                           ("ssp_s3", {"algorithm": "ssp", "staleness_bound": 3})):
     for seed, a in enumerate(accuracy[variant]):
       name = f"{variant}-m4-seed{seed}"
-      _run_dir(root, name, {"samples": 100, "test_accuracy": a, "simulated_time_s": 1 + 0.3 * seed + 0.1 * a,
+      _run_dir(root, name, {"samples": 100, "test_accuracy": a,
+                            "simulated_time_s": 1 + 0.3 * seed + 0.1 * a,
                             "target_metric": "test_accuracy", "higher_is_better": True},
                evals=[(1, a, 1.0)], workers=4, seed=seed, **config)
       cells.append({"name": name, "variant": variant})

@@ -132,11 +132,22 @@ def test_runs_evaluated_at_different_steps_are_interpolated(tmp_path):
   assert not same.interpolated and same.mean == pytest.approx([0.25, 0.65], abs=1e-12)
 
 
-def test_one_seed_draws_no_band_bar_or_title(tmp_path):
-  """A cell of one run: its line alone, as before seeds were aggregated."""
-  _run_dir(tmp_path, "asp-m4", {"samples": 1000, "test_accuracy": 0.8, "simulated_time_s": 1.0},
-           evals=[(1, 0.5, 1.0), (2, 0.8, 2.0)], algorithm="asp", workers=4)
+def test_one_seed_is_shown_as_before_seeds_were_aggregated(tmp_path):
+  """A cell of one run: its partition row gives each worker's batch seconds
+  as mean ± std (its own spread), and its plots its line alone: no band, no
+  error bars, no title."""
+  _run_dir(tmp_path, "bsp-m2", {
+      "samples": 1000, "test_accuracy": 0.8, "simulated_time_s": 3.0, "epochs": 2.0,
+      "idle_fraction": 0.3, "batch_sizes": [8, 8], "batch_seconds_per_worker": [0.01, 0.02],
+      "batch_seconds_std": [0.001, 0.002],
+      "batch_seconds_histogram": {"edges": [0.0, 0.1], "counts": [[3], [3]]}},
+      evals=[(1, 0.5, 1.0), (2, 0.8, 2.0)], algorithm="bsp", workers=2)
   r = report.Report(tmp_path)
+  assert table(r.tables(), "Partitions")["bsp ×2"] == {
+      "batch sizes at step 0": "[8, 8]", "time per epoch (s)": "1.5",
+      "idle (% of worker time)": "30.0",
+      "batch seconds per worker (mean ± std)": "0.01 ± 0.001 / 0.02 ± 0.002",
+      "test accuracy": "0.8000"}
   for fig in (plots.curves(r, "time"), plots.accuracy_against_workers(r)):
     assert fig.get_suptitle() == "" and not fig.axes[0].containers
     assert not any(isinstance(c, matplotlib.collections.PolyCollection)

@@ -2,8 +2,9 @@
 
 cells.py reads the cells' run directories, comparison.py splits and looks
 them up, tables.py makes the markdown tables (prediction.py: the cost
-model's of the ASU seed's strategies), jaxdl.plots the PNG plots, and
-document.py writes both into report.md. A diverged run (jaxdl.runner.divergence)
+model's of the ASU seed's strategies; findings.py: the grid's findings
+judged by the cells' intervals over their seeds, intervals.py), jaxdl.plots
+the PNG plots, and document.py writes both into report.md. A diverged run (jaxdl.runner.divergence)
 has no figures: the tables say "diverged" in their place, the plots mark it
 with an x.
 """

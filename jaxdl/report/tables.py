@@ -270,8 +270,9 @@ class Tables(Comparison):
           else scale * r.summary[field]
 
     def megabytes(r: CellResult) -> float | None:
-      memory = r.summary["memory_per_device_bytes"]
-      return None if r.diverged else (memory["arguments"] + memory["temporaries"]) / 1e6
+      memory = r.summary.get("memory_per_device_bytes")
+      return None if r.diverged or not memory else \
+          (memory["arguments"] + memory["temporaries"]) / 1e6
 
     rows = []
     for runs in self._cells_of(self.strategies(network)):
@@ -285,7 +286,8 @@ class Tables(Comparison):
         continue
       busy = [r for r in runs if not r.diverged and r.summary.get("busy_fraction_per_device")]
       bubble = (f"{fmt(Interval.of(of('bubble_fraction_measured', 100)(r) for r in busy), '.0f')}"
-                f" (ideal {100 * s['bubble_fraction_ideal']:.0f})" if busy else "—")
+                f" (ideal {100 * busy[0].summary['bubble_fraction_ideal']:.0f})"
+                if busy else "—")
       rows.append(row + [
           _entry(runs, lambda r: r.throughput, ",.0f"),
           per_element(busy, lambda r: [100 * b for b in r.summary["busy_fraction_per_device"]],
