@@ -12,12 +12,10 @@ was (when not all). A diverged run is marked with an x at the bottom edge
 (at the step where it stopped, or at its worker count) and "diverged" in its
 legend entry.
 
-A cell run over several seeds is drawn as its mean over them: a curve
-through the runs' mean at each evaluation (interpolated where they were
-evaluated at different steps, as the figure's title says) with its 95%
-interval as a light band of its colour; a point against workers (or bytes)
-with the interval as error bars (jaxdl.report.intervals, reached through
-the report: jaxdl.report imports this module).
+A cell of several seeds is drawn as its mean over them (the report's
+intervals: jaxdl.report imports this module): a curve with its 95% interval
+as a light band of its colour, a point against workers or bytes with the
+interval as error bars.
 """
 from __future__ import annotations
 
