@@ -45,6 +45,9 @@ def test_a_finding_names_a_known_variant_and_figure_or_is_refused():
   with pytest.raises(ConfigError,
                      match="--findings='accuracy' is not valid: a figure of metric, error"):
     Finding("F", "asp", "ssp_s3", figure="accuracy")
+  with pytest.raises(ConfigError, match="--findings=4 is not valid: a tuple of worker counts"):
+    Finding("F", "asp", "ssp_s3", workers=4)
+  assert Finding("F", "asp", "ssp_s3", [4, 8]).workers == (4, 8)
   grid = Grid(variants=variants, findings=(Finding("F", "asp", "ssp_s3", (4,), "error"),))
   # recorded in grid.json, and read back as it was
   record = json.loads(json.dumps(grid.to_dict()))["findings"]

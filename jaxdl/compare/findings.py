@@ -31,8 +31,10 @@ class Finding:
       raise ConfigError("findings", self.figure, f"a figure of {', '.join(FIGURES)}")
     if self.better == self.worse:
       raise ConfigError("findings", self.better, "two different variants in a finding")
-    if not all(isinstance(m, int) and m >= 1 for m in self.workers):
-      raise ConfigError("findings", self.workers, "worker counts >= 1")
+    if not isinstance(self.workers, (tuple, list)) or not all(
+        isinstance(m, int) and m >= 1 for m in self.workers):
+      raise ConfigError("findings", self.workers, "a tuple of worker counts >= 1")
+    object.__setattr__(self, "workers", tuple(self.workers))  # a list given: hashable still
 
   def to_dict(self) -> dict[str, Any]:
     """grid.json's record of the finding."""
