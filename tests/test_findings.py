@@ -40,12 +40,14 @@ def test_the_verdicts_of_hand_made_intervals():
 def test_a_finding_names_a_known_variant_and_figure_or_is_refused():
   variants = (Variant("sgd"), Variant("asp"), Variant("ssp", (("staleness_bound", 3),)))
   with pytest.raises(ConfigError,
-                     match="--findings='ssp_s9' is not valid: a variant of the grid: sgd, asp"):
+                     match="--experiment='ssp_s9' is not valid: a finding's variant: "
+                           "one of the grid's, sgd, asp"):
     Grid(variants=variants, findings=(Finding("F", "asp", "ssp_s9"),))
   with pytest.raises(ConfigError,
-                     match="--findings='accuracy' is not valid: a figure of metric, error"):
+                     match="--experiment='accuracy' is not valid: a finding's figure: "
+                           "one of metric, error"):
     Finding("F", "asp", "ssp_s3", figure="accuracy")
-  with pytest.raises(ConfigError, match="--findings=4 is not valid: a tuple of worker counts"):
+  with pytest.raises(ConfigError, match="--experiment=4 is not valid: a finding's worker counts"):
     Finding("F", "asp", "ssp_s3", workers=4)
   assert Finding("F", "asp", "ssp_s3", [4, 8]).workers == (4, 8)
   grid = Grid(variants=variants, findings=(Finding("F", "asp", "ssp_s3", (4,), "error"),))
@@ -113,9 +115,10 @@ def test_a_grid_json_without_findings_has_no_findings_section(tmp_path):
 
 
 @pytest.mark.parametrize("record,named", [
-    ([{"name": "F", "better": "asp", "worse": "bsp"}], "--findings='bsp'"),
-    ([{"name": "F", "better": "asp", "worse": "ssp_s3", "figure": "speed"}], "--findings='speed'"),
-    ({"F": "asp"}, "--findings=")])
+    ([{"name": "F", "better": "asp", "worse": "bsp"}], "'bsp' is not a finding's variant"),
+    ([{"name": "F", "better": "asp", "worse": "ssp_s3", "figure": "speed"}],
+     "'speed' is not a finding's figure"),
+    ({"F": "asp"}, "is not findings as a list")])
 def test_a_report_of_a_bad_finding_is_one_line_and_exit_2(tmp_path, capsys, record, named):
   _judged(tmp_path, {"asp": [0.8], "ssp_s3": [0.9]}, record)
   assert main(["report", str(tmp_path)]) == 2
@@ -131,7 +134,7 @@ def test_an_experiment_with_a_bad_finding_is_one_line_and_exit_2(tmp_path, capsy
                   "            findings=(Finding('F2', 'asp', 'ad_psgd'),))\n")
   assert main(["compare", "--experiment", str(path), "--out", str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err.strip()
-  assert len(err.splitlines()) == 1 and "--findings='ad_psgd' is not valid" in err, err
+  assert len(err.splitlines()) == 1 and "--experiment='ad_psgd' is not valid" in err, err
   assert not (tmp_path / "out").exists()
 
 

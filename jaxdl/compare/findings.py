@@ -1,6 +1,8 @@
 """A grid's findings: what a paper states about its variants ("ASP is more
 accurate than AD-PSGD at every worker count"), which `jaxdl report` judges
-by the cells' 95% intervals over their seeds (jaxdl.report.findings)."""
+by the cells' 95% intervals over their seeds (jaxdl.report.findings). They
+are stated in an experiment file (no flag sets them): a bad one is refused
+as that file's (--experiment), naming the finding's bad value."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,12 +30,14 @@ class Finding:
 
   def __post_init__(self):
     if self.figure not in FIGURES:
-      raise ConfigError("findings", self.figure, f"a figure of {', '.join(FIGURES)}")
+      raise ConfigError("experiment", self.figure,
+                        f"a finding's figure: one of {', '.join(FIGURES)}")
     if self.better == self.worse:
-      raise ConfigError("findings", self.better, "two different variants in a finding")
+      raise ConfigError("experiment", self.better, "a finding about two different variants")
     if not isinstance(self.workers, (tuple, list)) or not all(
         isinstance(m, int) and m >= 1 for m in self.workers):
-      raise ConfigError("findings", self.workers, "a tuple of worker counts >= 1")
+      raise ConfigError("experiment", self.workers, "a finding's worker counts: a tuple of "
+                        "counts >= 1")
     object.__setattr__(self, "workers", tuple(self.workers))  # a list given: hashable still
 
   def to_dict(self) -> dict[str, Any]:
@@ -47,7 +51,8 @@ def check_findings(findings: Iterable[Finding], variants: Iterable[str]) -> None
   for finding in findings:
     for label in (finding.better, finding.worse):
       if label not in labels:
-        raise ConfigError("findings", label, f"a variant of the grid: {', '.join(labels)}")
+        raise ConfigError("experiment", label,
+                          f"a finding's variant: one of the grid's, {', '.join(labels)}")
 
 
 def read_findings(records: Any, variants: Iterable[str]) -> tuple[Finding, ...]:
@@ -61,8 +66,8 @@ def read_findings(records: Any, variants: Iterable[str]) -> tuple[Finding, ...]:
       isinstance(r, dict) and set(r) <= fields and {"name", "better", "worse"} <= set(r)
       and all(isinstance(r[k], str) for k in ("name", "better", "worse"))
       and isinstance(r.get("workers", []), list) for r in records):
-    raise ConfigError("findings", records, "a list of findings: name, better, worse, "
-                      "workers and figure each")
+    raise ConfigError("experiment", records, "findings as a list of their fields: name, better, "
+                      "worse, workers and figure each")
   findings = tuple(Finding(**{**r, "workers": tuple(r.get("workers", ()))}) for r in records)
   check_findings(findings, variants)
   return findings

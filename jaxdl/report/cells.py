@@ -175,5 +175,10 @@ def grid_findings(directory: str | Path) -> tuple[Finding, ...]:
     return ()
   grid = _comparison_file(directory, GRID_FILE, "the grid and its cells", _grid_cells)
   record = grid.get("grid")
-  return read_findings(record.get("findings") if isinstance(record, dict) else None,
-                       dict.fromkeys(c["variant"] for c in grid["cells"]))
+  try:
+    return read_findings(record.get("findings") if isinstance(record, dict) else None,
+                         dict.fromkeys(c["variant"] for c in grid["cells"]))
+  except ConfigError as e:
+    raise ConfigError("dir", str(directory), f"a comparison directory whose {GRID_FILE} "
+                      f"states findings the report can judge ({e.value!r} is not {e.allowed})"
+                      ) from None
