@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 import jaxdl
+import jaxdl.build
+import jaxdl.runner
+from jaxdl import validation
 from jaxdl.algorithms import ALGORITHMS, Centralized
 from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams, load_dataset
@@ -241,3 +244,19 @@ def test_time_and_cost_to_a_target(tmp_path, engine, workers):
   assert missed["test_accuracy"] < 1.0
   assert [missed[k] for k in ("steps_to_target", "epochs_to_target", "time_to_target_s",
                               "cost_to_target")] == [None] * 4
+
+
+@pytest.mark.parametrize("engine", ["sim", "mesh"])
+def test_a_run_validates_its_config_once(tmp_path, monkeypatch, engine):
+  """One pass from the config to the engine: jaxdl.run asks the owners of the
+  fields once (jaxdl.validation.validate), and building the run asks no more."""
+  calls = []
+
+  def counted(config):
+    calls.append(config)
+    return validation.validate(config)
+  for module in (jaxdl.runner, jaxdl.build):
+    monkeypatch.setattr(module, "validate", counted)
+  jaxdl.run(algorithm="bsp", workers=2, engine=engine, steps=2, batch_size=8,
+            out=str(tmp_path / "run"))
+  assert len(calls) == 1
