@@ -68,7 +68,11 @@ def held(values, spec: str) -> str:
   xs = np.asarray(values, dtype=np.float64)
   assert len(xs) == 3
   half = T_975_2 * xs.std(ddof=1) / np.sqrt(len(xs))
-  return f"{xs.mean():{spec}} ± {half:{spec.replace('+', '')}}"
+  mean = f"{xs.mean():{spec}}"
+  if spec.endswith("g") and "e" not in mean:  # a g format: the half-width to the mean's places
+    decimals = mean.split(".")[1] if "." in mean else ""
+    return f"{mean} ± {half:.{len(decimals)}f}"
+  return f"{mean} ± {half:{spec.replace('+', '')}}"
 
 
 def assert_intervals_hold(printed: str, variant: str, workers: int, summaries: list[dict],

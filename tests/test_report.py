@@ -477,6 +477,16 @@ def test_an_interval_is_the_mean_and_students_t_interval():
   assert intervals.Interval.of([None]) is None
 
 
+def test_an_intervals_half_width_is_given_to_its_means_last_place():
+  """A `g` format keeps the mean's significant digits and gives the half-width
+  to the same decimal place (0.0248 beside 0.25 is 0.02, not 0.02484)."""
+  interval = intervals.Interval.of([0.24, 0.25, 0.26])  # half-width 4.3027 * 0.01 / √3
+  assert f"{interval:.4g}" == "0.25 ± 0.02"
+  assert f"{interval:.4f}" == "0.2500 ± 0.0248"
+  assert f"{intervals.Interval.of([28240, 28251, 28260]):,.0f}" == "28,250 ± 25"
+  assert f"{intervals.Interval.of([6.4e-05, 6.5e-05, 6.6e-05]):.4g}" == "6.5e-05 ± 2.484e-06"
+
+
 def test_two_cells_are_apart_only_where_their_intervals_do_not_meet():
   a = intervals.Interval(0.90, 0.88, 0.92, 3)
   b = intervals.Interval(0.95, 0.93, 0.97, 3)

@@ -69,9 +69,14 @@ class Interval:
     return (self.high - self.low) / 2
 
   def __format__(self, spec: str) -> str:
+    mean = format(self.mean, spec)
     if self.n == 1:
-      return format(self.mean, spec)
-    return f"{self.mean:{spec}} ± {self.half_width:{spec.replace('+', '')}}"
+      return mean
+    half = spec.replace("+", "")
+    if spec.endswith("g") and "e" not in mean:  # the half-width to the mean's last place
+      places = len(mean.partition(".")[2])
+      half = f"{half[:-1].partition('.')[0]}.{places}f"
+    return f"{mean} ± {self.half_width:{half}}"
 
   def to_dict(self) -> dict[str, float | int]:
     """The interval as separate fields: mean, low, high, n."""
