@@ -240,8 +240,10 @@ class Strategy:
     return pipeline(pieces, devices, self.devices, self.microbatches, self.batch)
 
 
-# The ASU seed (REFERENCE.md item 11): ResNet on CIFAR-10 on 2x RTX 3070, measured
-# samples/s; model parallel was not run there.
+# The ASU seed (REFERENCE.md item 11): 2x RTX 3070, measured samples/s; model
+# parallel was not run there. Its throughput table names no model or dataset
+# (its plan lists VGG and ResNet; its data CIFAR-10/100 and MNIST): the model
+# below is an assumption, ResNet-18 on CIFAR-sized images, not the seed's setup.
 ASU_PROFILE = "rtx-3070"
 ASU_MODEL = ("resnet18", (32, 32, 3), 10, "cifar")  # name, image shape, classes, stem
 ASU_STRATEGIES = (

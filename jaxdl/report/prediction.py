@@ -35,6 +35,7 @@ def prediction_note() -> str:
   close = "; ".join(f"{p.strategy.name} {p.predicted_ratio:.2f} against {p.measured_ratio:.2f} "
                     f"(× {p.closeness:.2f})" for p in predicted[1:] if p.closeness)
   return (
+      f"The seed's table names no model: {st.ASU_MODEL[0]} is assumed. "
       f"From XLA's FLOP counts of {st.ASU_MODEL[0]}'s pieces ({st.ASU_MODEL[3]} stem, "
       f"{'x'.join(map(str, st.ASU_MODEL[1]))} inputs, {st.ASU_MODEL[2]} classes) on "
       f"{st.ASU_PROFILE} devices at {DEFAULT_UTILIZATION:.0%} of their "
