@@ -35,16 +35,14 @@ import sys
 
 from jaxdl.cli import experiment_main
 from jaxdl.compare import Finding, Grid, Variant
+from jaxdl.compare.grids import ONE_SLOW_WORKER_RUN
 
 VARIANTS = tuple(map(Variant.parse, ("asp", "ssp_s1", "ssp_s3", "ssp_s10")))
 # IPDPS'21's F1 for SSP: a larger bound s costs accuracy (ASP is s = infinity).
 FINDINGS = tuple(Finding("F1 (SSP)", better, worse) for better, worse in (
     ("ssp_s1", "ssp_s3"), ("ssp_s3", "ssp_s10"), ("ssp_s10", "asp")))
 
-MINI_RUN = (("dataset", "digits"), ("model", "mlp"), ("engine", "sim"),
-            ("batch_sizes", (8, 8, 8, 8)), ("worker_speeds", (1.0, 1.0, 1.0, 0.25)),
-            ("compute_time", 0.05), ("jitter", 0.1), ("optimizer", "sgd"), ("lr", 0.05),
-            ("momentum", 0.0), ("schedule", "constant"), ("epochs", 3.0), ("seed", 0))
+MINI_RUN = ONE_SLOW_WORKER_RUN
 
 
 def grid(scale: str) -> Grid:

@@ -30,14 +30,12 @@ import sys
 
 from jaxdl.cli import experiment_main
 from jaxdl.compare import Grid, Variant
+from jaxdl.compare.grids import ONE_SLOW_WORKER_RUN
 
 VARIANTS = tuple(map(Variant.parse, ("bsp", "asp", "ssp_s3", "easgd_tau4", "gosgd_p0.1",
                                      "ad_psgd")))
 
-MINI_RUN = (("dataset", "digits"), ("model", "mlp"), ("engine", "sim"),
-            ("batch_sizes", (8, 8, 8, 8)), ("worker_speeds", (1.0, 1.0, 1.0, 0.25)),
-            ("compute_time", 0.05), ("jitter", 0.1), ("optimizer", "sgd"), ("lr", 0.05),
-            ("momentum", 0.0), ("schedule", "constant"), ("epochs", 3.0), ("seed", 0))
+MINI_RUN = ONE_SLOW_WORKER_RUN
 
 
 def grid(scale: str) -> Grid:

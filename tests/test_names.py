@@ -21,7 +21,7 @@ ELSEWHERE = {
     ("calibrate.py", "ray"), ("engines/ray_cluster.py", "ray"),
     # the built-in grids name the algorithms they compare, as an experiment does
     *(("compare/grids.py", name) for name in ("bsp", "asp", "ad_psgd", "dc_asgd", "sgd", "ar_sgd",
-                                              "lc_asgd", "diloco", "gosgd", "mesh")),
+                                              "lc_asgd", "diloco", "gosgd", "mesh", "sim")),
     # the default grid's run: the sim engine and an sgd optimizer
     ("compare/grid.py", "sim"), ("compare/grid.py", "sgd"),
 }

@@ -64,6 +64,14 @@ GOSSIP_VARIANTS = (
     Variant("gosgd", (("compress", "topk:0.1"),), name="gosgd_topk10"),
     Variant("ad_psgd"), Variant("ad_psgd", (("compress", "topk:0.01"),), name="ad_psgd_topk"))
 GOSSIP_GRID = COMMUNICATION_GRID.replace(variants=GOSSIP_VARIANTS, workers=(4, 8))
+# One of 4 workers 4 times slower, compute (0.05 s a batch at speed 1)
+# dominating the 10 Gb/s link: the stragglers' and SSP's experiments
+# (experiments/stragglers.py, experiments/ssp_bound.py).
+ONE_SLOW_WORKER_RUN = (
+    ("dataset", "digits"), ("model", "mlp"), ("engine", "sim"), ("batch_sizes", (8, 8, 8, 8)),
+    ("worker_speeds", (1.0, 1.0, 1.0, 0.25)), ("compute_time", 0.05), ("jitter", 0.1),
+    ("optimizer", "sgd"), ("lr", 0.05), ("momentum", 0.0), ("schedule", "constant"),
+    ("epochs", 3.0), ("seed", 0))
 GRIDS = {"default": DEFAULT_GRID, "strategies": STRATEGIES_GRID,
          "communication": COMMUNICATION_GRID, "gossip": GOSSIP_GRID}
 """The grids `jaxdl compare --grid NAME` runs."""
