@@ -119,6 +119,8 @@ class ClusterConfig:
   """Seconds per batch (of the workers' mean --batch-sizes) on a speed-1 simulated worker; unset: from the model's FLOP count and --cluster. On --engine mesh or ray, emulated: each worker sleeps until its batch has taken the modelled time (--worker-speeds, --jitter, stragglers, its share of the batch; the sim engine's draws for that worker and iteration), if its real compute took less; a synchronous algorithm's workers then each run their own program, an asynchronous algorithm's (ray) record the padded times in trace.jsonl."""
   jitter: float = 0.0
   """Sigma of the lognormal (mean 1) factor on every simulated (or emulated: --compute-time on a real engine) compute time."""
+  jitter_correlation: float = 0.0
+  """Correlation rho in [0, 1) of the workers' --jitter: worker w's factor at iteration c is exp(sigma (sqrt(rho) z_c + sqrt(1 - rho) z_wc) - sigma^2 / 2), z_c one standard normal shared by all workers (a function of --seed and c), z_wc its own; each factor stays lognormal with mean 1 and sigma --jitter, and two workers' log factors correlate with coefficient rho (0: independent). The iteration is each worker's own count of its batches: a synchronous step's for every worker, an asynchronous worker's own (not aligned in time with the others')."""
   straggler_prob: float = 0.0
   """Probability that a simulated (or emulated: --compute-time on a real engine) iteration straggles."""
   straggler_slowdown: float = 4.0

@@ -470,6 +470,14 @@ def test_an_emulated_time_s_variation_without_the_time_is_refused(tmp_path, caps
   assert "unless --compute-time is set" in line
 
 
+@pytest.mark.parametrize("value", ["-0.1", "1", "nan"])
+def test_a_jitter_correlation_outside_zero_to_one_is_refused(tmp_path, capsys, value):
+  out = tmp_path / "run"
+  line = refused(capsys, [*RUN, "--out", str(out), "--engine", "sim", "--jitter", "0.2",
+                          "--jitter-correlation", value], "--jitter-correlation", out)
+  assert "a correlation in [0, 1)" in line
+
+
 # ---------------------------------------------------------------- --compress
 
 

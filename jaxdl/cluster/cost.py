@@ -1,13 +1,13 @@
 """The cost model of a simulated cluster: compute times and what a message costs.
 
 Compute: seconds per batch from a measured time or from a FLOP count and a
-device profile, divided by each worker's speed, times a lognormal jitter and an
-occasional straggler slowdown; every draw is a pure function of
-(seed, worker, iteration). Communication: a message costs latency +
-bytes / bandwidth (its links and their sharing: jaxdl.cluster.network). A measured
-profile of a real engine (`jaxdl calibrate`) adds its central process's time
-per call, one call at a time: a parameter server's per update, a
-coordinator's per event it orders.
+device profile, divided by each worker's speed, times a lognormal jitter (its
+workers' factors correlated, if asked) and an occasional straggler slowdown;
+every draw is a pure function of (seed, worker, iteration). Communication: a
+message costs latency + bytes / bandwidth (its links and their sharing:
+jaxdl.cluster.network). A measured profile of a real engine (`jaxdl calibrate`)
+adds its central process's time per call, one call at a time: a parameter
+server's per update, a coordinator's per event it orders.
 """
 from __future__ import annotations
 
@@ -65,11 +65,12 @@ def achieved_flops(profile: str, utilization: float = DEFAULT_UTILIZATION) -> fl
   return DEVICE_PROFILES[profile] * utilization
 
 
-MODELLED = ("cluster", "network", "latency", "compute_time", "jitter", "straggler_prob",
-            "straggler_slowdown")
+MODELLED = ("cluster", "network", "latency", "compute_time", "jitter", "jitter_correlation",
+            "straggler_prob", "straggler_slowdown")
 """The config's fields (its cluster section's) that describe the modelled
 cluster: a run on real devices has none of them, except EMULATED."""
-EMULATED = ("compute_time", "jitter", "straggler_prob", "straggler_slowdown")
+EMULATED = ("compute_time", "jitter", "jitter_correlation", "straggler_prob",
+            "straggler_slowdown")
 """Those a real engine may emulate: each worker sleeps until its batch has
 taken the modelled time (CostModel.compute_time), if its compute took less."""
 
@@ -179,6 +180,9 @@ class CostModel:
   servers: int = 1                # parameter-server shards k, one link each
   speeds: tuple[float, ...] | None = None  # per worker; None: all 1.0
   jitter: float = 0.0             # sigma of the lognormal (mean 1) compute factor
+  # correlation rho of two workers' log factors at one iteration: a share
+  # rho of each log factor's variance is one draw common to all workers
+  jitter_correlation: float = 0.0
   straggler_prob: float = 0.0
   straggler_slowdown: float = 4.0
   seed: int = 0
@@ -216,6 +220,8 @@ class CostModel:
          len(speeds) == self.num_workers and all(s > 0 for s in speeds),
          f"{self.num_workers} speeds > 0, one per worker"),
         ("jitter", self.jitter, self.jitter >= 0, "a sigma >= 0"),
+        ("jitter_correlation", self.jitter_correlation, 0 <= self.jitter_correlation < 1,
+         "a correlation in [0, 1)"),
         ("straggler_prob", self.straggler_prob, 0 <= self.straggler_prob <= 1,
          "a probability in [0, 1]"),
         ("straggler_slowdown", self.straggler_slowdown, self.straggler_slowdown >= 1,
@@ -270,12 +276,27 @@ class CostModel:
     """Compute times of one block of iterations: speed, jitter, stragglers."""
     seconds = np.full(_BLOCK, self.compute_s / self.speeds[worker])
     if self.jitter > 0:
-      # Lognormal with mean exactly 1: E[exp(sigma z - sigma^2 / 2)] = 1.
-      seconds *= np.exp(self.jitter * rng.standard_normal(_BLOCK) - 0.5 * self.jitter ** 2)
+      # Lognormal with mean exactly 1: E[exp(sigma z - sigma^2 / 2)] = 1, for
+      # z standard normal; correlated, z = sqrt(rho) z_c + sqrt(1 - rho) z_w
+      # still is, with z_c common to all workers at that iteration.
+      z = rng.standard_normal(_BLOCK)
+      if self.jitter_correlation > 0:
+        rho = self.jitter_correlation
+        z = np.sqrt(rho) * self._common_normals(block) + np.sqrt(1 - rho) * z
+      seconds *= np.exp(self.jitter * z - 0.5 * self.jitter ** 2)
     if self.straggler_prob > 0:
       late = self._block("straggler", worker, block * _BLOCK) < self.straggler_prob
       seconds[late] *= self.straggler_slowdown
     return seconds
+
+  def _common_normals(self, block: int) -> np.ndarray:
+    """Standard normals of one block of iterations, the same for every
+    worker: a pure function of (seed, iteration)."""
+    key = ("common jitter", None, block)
+    if key not in self._draws:
+      rng = np.random.default_rng([self.seed, _stream_id(key[0]), block])
+      self._draws[key] = rng.standard_normal(_BLOCK)
+    return self._draws[key]
 
   def compute_time(self, worker: int, iteration: int) -> float:
     """Seconds for `worker`'s batch of `iteration`: speed, jitter and stragglers."""

@@ -1,5 +1,6 @@
 """The simulated cluster's cost model: parsing, compute draws, links."""
 import dataclasses
+import zlib
 
 import numpy as np
 import pytest
@@ -68,6 +69,8 @@ def test_build_from_flops_or_seconds():
 @pytest.mark.parametrize("field, value", [
     ("num_workers", 0), ("compute_s", 0.0), ("bandwidth", 0.0), ("latency", -1.0),
     ("servers", 0), ("speeds", (1.0,)), ("speeds", (1.0, 0.0)), ("jitter", -0.1),
+    ("jitter_correlation", -0.1), ("jitter_correlation", 1.0),
+    ("jitter_correlation", float("nan")),
     ("straggler_prob", 1.5), ("straggler_slowdown", 0.5),
 ])
 def test_cost_model_rejects_bad_fields(field, value):
@@ -125,6 +128,44 @@ def test_lognormal_jitter_has_mean_one():
   assert times.mean() == pytest.approx(1.0, abs=0.02)
   assert np.log(times).std() == pytest.approx(0.5, abs=0.02)
   assert len(set(times.tolist())) == times.size
+
+
+def test_correlated_jitter_keeps_each_factor_and_correlates_the_workers():
+  """rho 0.6, sigma 0.25, 20,000 iterations of 2 workers. Each worker's
+  factors are independent across iterations: the mean's standard error is
+  sqrt(exp(sigma^2) - 1) / sqrt(n) = 0.0018, the log-factors' standard
+  deviation's sigma / sqrt(2n) = 0.0013, the correlation's (1 - rho^2) /
+  sqrt(n) = 0.0045; the tolerances are about 5 of each."""
+  n, sigma, rho = 20_000, 0.25, 0.6
+  cost = CostModel(2, 1.0, 0.0, jitter=sigma, jitter_correlation=rho, seed=5)
+  factors = np.array([[cost.compute_time(w, i) for i in range(n)] for w in range(2)])
+  assert factors.mean(axis=1) == pytest.approx([1.0, 1.0], abs=0.01)
+  assert np.log(factors).std(axis=1) == pytest.approx([sigma, sigma], abs=0.006)
+  assert np.corrcoef(np.log(factors))[0, 1] == pytest.approx(rho, abs=0.02)
+  independent = CostModel(2, 1.0, 0.0, jitter=sigma, seed=5)
+  logs = np.log([[independent.compute_time(w, i) for i in range(n)] for w in range(2)])
+  assert np.corrcoef(logs)[0, 1] == pytest.approx(0.0, abs=0.03)
+
+
+def test_correlated_jitter_is_the_rule_written_out():
+  """Worker w's factor at iteration c: exp(sigma (sqrt(rho) z_c + sqrt(1 -
+  rho) z_wc) - sigma^2 / 2), z_wc the uncorrelated draw of the same worker
+  and iteration, z_c one normal per iteration from its own seeded stream;
+  rho 0 (given or left out) is the uncorrelated draw bit for bit."""
+  sigma, rho, common_stream = 0.3, 0.4, zlib.crc32(b"common jitter") + 1
+  plain = CostModel(3, 0.2, 0.0, jitter=sigma, straggler_prob=0.1, seed=7)
+  zero = CostModel(3, 0.2, 0.0, jitter=sigma, jitter_correlation=0.0, straggler_prob=0.1,
+                   seed=7)
+  tied = CostModel(3, 0.2, 0.0, jitter=sigma, jitter_correlation=rho, seed=7)
+  for w, i in [(0, 0), (2, 5), (1, 1000), (2, 1000)]:
+    own = np.random.default_rng([7, 0, w, i // 512]).standard_normal(512)[i % 512]
+    common = np.random.default_rng([7, common_stream, i // 512]).standard_normal(512)[i % 512]
+    z = np.sqrt(rho) * common + np.sqrt(1 - rho) * own
+    assert tied.compute_time(w, i) == pytest.approx(0.2 * np.exp(sigma * z - sigma ** 2 / 2),
+                                                    rel=1e-12)
+    assert zero.compute_time(w, i) == plain.compute_time(w, i)
+  assert [zero.compute_time(w, i) for w in range(3) for i in range(0, 3000, 11)] == [
+      plain.compute_time(w, i) for w in range(3) for i in range(0, 3000, 11)]
 
 
 def test_stragglers_at_the_stated_rate():

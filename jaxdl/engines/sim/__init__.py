@@ -68,6 +68,7 @@ class CostFields:
   latency: float
   compute_time: float | None
   jitter: float
+  jitter_correlation: float
   straggler_prob: float
   straggler_slowdown: float
   seed: int
@@ -96,6 +97,7 @@ def cost_model(fields: CostFields, problem: Problem, streams: Streams) -> cluste
   speeds = tuple((fields.worker_speeds or (1.0,) * m)[w] * mean_batch / b
                  for w, b in enumerate(streams.batch_sizes))
   common = dict(servers=fields.servers, speeds=speeds, jitter=fields.jitter,
+                jitter_correlation=fields.jitter_correlation,
                 straggler_prob=fields.straggler_prob, straggler_slowdown=fields.straggler_slowdown,
                 seed=fields.seed,
                 message_bytes=problem.message_bytes() if problem.compresses else None,
