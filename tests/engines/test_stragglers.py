@@ -98,13 +98,13 @@ def test_each_compute_is_padded_to_the_simulators_modelled_time(ray_instance, tm
 
 
 def test_ssp_holds_its_bound_over_a_worker_four_times_slower(ray_instance, tmp_path):
-  """ssp (s = 2), speeds 1, 1, 1, 0.25 on equal batches, 0.08 s a batch at
+  """ssp (s = 2), speeds 1, 1, 1, 0.25 on equal batches, 0.3 s a batch at
   speed 1: at every pull the puller is at most s iterations ahead of the
   slowest worker, every fast worker waits for it, and the slow worker's
   iterations take about 4 times a fast one's in wall time (from its pull to
   its apply, the transfers and the server's work included: a ratio above
-  2.5 allows 80 ms of those an iteration)."""
-  bound, seconds = 2, 0.08
+  2.5 allows 300 ms of those an iteration; a loaded machine took 160 ms)."""
+  bound, seconds = 2, 0.3
   run = jaxdl.run(RunConfig.make(
       algorithm="ssp", engine="ray", workers=4, staleness_bound=bound, batch_sizes=(8,) * 4,
       worker_speeds=(1.0, 1.0, 1.0, 0.25), compute_time=seconds, steps=10,
@@ -118,7 +118,7 @@ def test_ssp_holds_its_bound_over_a_worker_four_times_slower(ray_instance, tmp_p
     elif e.kind == "apply":
       clocks[e.worker] += 1
       took[e.worker].append(e.time - pulled[e.worker])
-      # the recorded compute: at least the modelled time, 0.08 s / speed
+      # the recorded compute: at least the modelled time, 0.3 s / speed
       assert e.duration >= np.float32(seconds / (0.25 if e.worker == 3 else 1.0)), e
   waits = {e.worker for e in events if e.kind == "wait" and e.duration > 0}
   assert {0, 1, 2} <= waits and all(run["wait_s"][w] > 0 for w in (0, 1, 2))
