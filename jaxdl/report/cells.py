@@ -89,7 +89,7 @@ class CellResult:
     return None if hit is None else hit["time"]
 
 
-def test_error(c: CellResult | None) -> float | None:
+def error_of(c: CellResult | None) -> float | None:
   """Test error %, or the metric itself where lower is better (a loss)."""
   if c is None or c.score is None:
     return None

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Callable
 
 from jaxdl.compare.findings import FIGURES, Finding
-from jaxdl.report.cells import CellResult, test_error
+from jaxdl.report.cells import CellResult, error_of
 from jaxdl.report.intervals import Interval, separation
 from jaxdl.report.markdown import fmt, table
 
@@ -44,7 +44,7 @@ def figure(report: Any, name: str) -> Figure:
   """The figure `name` (one of FIGURES) of `report`'s runs (a jaxdl.report.Tables)."""
   figures = {
       "metric": Figure(report.label, lambda r: r.score, ".4f", report.higher),
-      "error": Figure(report.error_label.lower(), test_error, ".2f", False),
+      "error": Figure(report.error_label.lower(), error_of, ".2f", False),
       "loss": Figure("test loss", lambda r: None if r.diverged else r.summary.get("test_loss"),
                      ".4f", False),
       "time_to_target": Figure(f"time to {report.target:.2f} (s)",

@@ -34,7 +34,7 @@ from typing import Callable
 from jaxdl import labels
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.plots import ratio
-from jaxdl.report.cells import CellResult, test_error
+from jaxdl.report.cells import CellResult, error_of
 from jaxdl.report.comparison import Comparison
 from jaxdl.report.findings import FINDINGS_NOTE, findings_table
 from jaxdl.report.intervals import Interval
@@ -136,7 +136,7 @@ class Tables(Comparison):
     cells = [c for c in self.train if c.network == network]
 
     def degraded(r: CellResult) -> float | None:
-      error, base_error = test_error(r), test_error(self._base(r, network))
+      error, base_error = error_of(r), error_of(self._base(r, network))
       return degradation(error, base_error) if error is not None and base_error else None
 
     rows = []
@@ -144,7 +144,7 @@ class Tables(Comparison):
       row = [str(m)]
       for v in _variants(cells):
         runs = self.runs(v, m, network)
-        error = Interval.of(test_error(r) for r in runs)
+        error = Interval.of(error_of(r) for r in runs)
         if error is None:
           row.append(DIVERGED if runs else "")
           continue
@@ -167,7 +167,7 @@ class Tables(Comparison):
       for v in variants:
         pair = [[c for c in cells if c.bn_variant == v and c.workers == m
                  and c.async_bn == abn] for abn in (False, True)]
-        row.append("" if not any(pair) else " / ".join(_entry(runs, test_error, ".2f")
+        row.append("" if not any(pair) else " / ".join(_entry(runs, error_of, ".2f")
                                                        for runs in pair))
       rows.append(row)
     return table(["workers"] + variants, rows)
