@@ -32,6 +32,16 @@ DEVICE_PROFILES: dict[str, float] = {
     "h100": 494.7e12,     # TF32 dense tensor cores, SXM
     "h200": 494.7e12,     # TF32 dense tensor cores (H100 silicon, more HBM)
 }
+# Bytes/s of a device's own memory, by the vendor's spec (memory clock x bus
+# width): what the roofline per micro-batch (jaxdl.cluster.strategies) reads.
+DEVICE_MEMORY: dict[str, float] = {
+    "titan-v": 652.8e9,   # HBM2, 3072-bit
+    "v100": 900e9,        # HBM2, SXM2
+    "rtx-3070": 448e9,    # GDDR6 at 14 Gb/s a pin, 256-bit
+    "a100": 1555e9,       # HBM2, 40 GB
+    "h100": 3.35e12,      # HBM3, SXM
+    "h200": 4.8e12,       # HBM3e
+}
 # Fraction of peak a training step achieves: real steps are far from peak.
 DEFAULT_UTILIZATION = 0.4
 

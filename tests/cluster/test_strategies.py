@@ -85,11 +85,45 @@ def test_data_parallel_adds_a_ring_all_reduce():
   assert st.data_parallel(pieces, devices, 4, 32) == pytest.approx(4 * 32 / (compute + ring))
 
 
+def test_a_roofline_takes_the_longer_of_flops_and_traffic():
+  """Two pieces at 1e12 FLOP/s and 1e11 bytes/s, 10 examples: the first's
+  forward 10 x 1e9 FLOPs (10 ms) against 1e8 + 10 x 1e6 bytes (1.1 ms), the
+  second's 10 x 1e7 FLOPs (0.1 ms) against 2e8 + 10 x 1e7 bytes (3 ms)."""
+  pieces = [st.PieceCost(10, G, 3 * G, 1, forward_bytes=(1e8, 1e6)),
+            st.PieceCost(10, 1e7, 3e7, 1, forward_bytes=(2e8, 1e7))]
+  devices = st.Devices(flops=1e12, bandwidth=1e9, memory=1e11, op_overhead=1e-4)
+  assert st.operation_seconds(pieces, devices, 10, "forward") == pytest.approx(
+      10e-3 + 3e-3 + 1e-4)
+  # training moves no bytes here: FLOPs alone, 10 x (3e9 + 3e7) at 1e12
+  assert st.operation_seconds(pieces, devices, 10) == pytest.approx(10 * 3.03e9 / 1e12 + 1e-4)
+  # a micro-batch pays the part per operation whatever its size
+  assert st.operation_seconds(pieces[1:], devices, 1, "forward") == pytest.approx(
+      (2e8 + 1e7) / 1e11 + 1e-4)
+
+
+def test_traffic_is_counted_per_operation_and_per_example(resnet18):
+  """A product of a b x 64 input and a 64 x 32 matrix reads both and writes
+  b x 32 floats; ResNet-18's traffic counted on 8 and 16 examples gives its
+  count on 16 and 32 (affine in the batch, to XLA's float32 counts), and a piece's training moves at
+  least its weights twice (read, and their gradients written)."""
+  import jax.numpy as jnp
+  x, w = jnp.ones((8, 64)), jnp.ones((64, 32))
+  assert st._counts(jnp.matmul, x, w) == (2 * 8 * 64 * 32, 4 * (8 * 64 + 64 * 32 + 8 * 32))
+  on16 = st.piece_costs(*st.ASU_MODEL, batch=16)
+  for eight, sixteen in zip(resnet18, on16):
+    for passes in st.PASSES:
+      assert eight.traffic(passes, 32) == pytest.approx(sixteen.traffic(passes, 32), rel=1e-6)
+    assert eight.training_bytes[0] >= 2 * 4 * eight.params - 16  # (float32 counts: bytes off)
+    assert eight.training_bytes[1] > eight.forward_bytes[1] > 0
+
+
 def test_bad_devices():
   with pytest.raises(ConfigError, match="--cluster"):
     st.Devices.of("h100")  # no link known for it
   with pytest.raises(ValueError):
     st.Devices(flops=1e12, bandwidth=0.0)
+  with pytest.raises(ValueError):
+    st.Devices(flops=1e12, bandwidth=1e9, memory=0.0)
   with pytest.raises(ValueError, match="multiple"):
     st.pipeline_seconds(equal_pieces(2), st.Devices(**FAST), 2, 3, 32)
 
@@ -143,6 +177,8 @@ def test_the_asu_ordering(resnet18):
   """Data parallel > one device > GPipe, as the seed measured; GPipe below one
   device only because of the parameter cut: cut by FLOPs, it would pass it."""
   single, data, gpipe, model = st.asu_predictions()
+  assert data.predicted > single.predicted > gpipe.predicted > model.predicted
+  single, data, gpipe, model = st.asu_predictions(roofline=True)
   assert data.predicted > single.predicted > gpipe.predicted > model.predicted
   assert [p.strategy.measured for p in (single, data, gpipe)] == [2275.0, 2968.0, 1528.0]
   assert gpipe.closeness == pytest.approx(gpipe.predicted_ratio / (1528 / 2275))
