@@ -238,6 +238,27 @@ def test_report_says_when_the_staleness_bound_never_bound(comparison):
   assert notes in report.Report(comparison).tables()
 
 
+def test_over_seeds_the_notes_say_in_how_many_the_bound_never_bound(tmp_path):
+  """Three seeds of asp and of two ssp cells: ssp_s100 has asp's parameters in
+  every seed, ssp_s10 in two of the three (its third seed waited): said so."""
+  for seed in range(3):
+    summary = {"samples": 1000, "test_accuracy": 0.9, "simulated_time_s": 0.25,
+               "params_fingerprint": f"asp{seed}", "wait_s": [0.0] * 4,
+               "staleness_mean": 2.5, "staleness_max": 3}
+    _run_dir(tmp_path, f"asp-m4-seed{seed}", summary, algorithm="asp", workers=4, seed=seed)
+    for bound, fingerprint, wait in ((100, f"asp{seed}", 0.0),
+                                     (10, f"asp{seed}" if seed else "other", 0.1 * (not seed))):
+      _run_dir(tmp_path, f"ssp_s{bound}-m4-seed{seed}",
+               {**summary, "params_fingerprint": fingerprint, "wait_s": [wait] * 4},
+               algorithm="ssp", staleness_bound=bound, workers=4, seed=seed)
+  notes = report.Report(tmp_path).staleness_notes("10gbps").splitlines()[1:]
+  same = "identical to asp (the same parameters fingerprint)."
+  assert set(notes) == {
+      f"- ssp_s10: the staleness bound s never bound at 4 workers in 2 of 3 seeds: {same}",
+      f"- ssp_s100: the staleness bound s never bound at 4 workers: {same}"}
+  assert len(notes) == 2
+
+
 def test_the_notes_name_each_algorithm_that_declares_what_it_reduces_to(comparison):
   """The notes follow AlgorithmSpec.reduces_to, not a name: ssp declares asp;
   a copy of ssp under another name is named as ssp is, and one that

@@ -314,8 +314,7 @@ class Tables(Comparison):
              "iteration c only once every worker has finished c − s, and waits until "
              "then; a bound that no worker reaches never binds."]
     for m in _workers(cells):
-      same: dict[str, list[CellResult]] = {}
-      idle = []
+      unbound_runs: dict[str, list[CellResult]] = {}  # why -> the runs it never bound in
       for c in (c for c in cells if c.workers == m and _reduces_to(c.algorithm)):
         unbound = _reduces_to(c.algorithm)
         twin = self.same_seed(c, self.runs(
@@ -323,16 +322,22 @@ class Tables(Comparison):
         fingerprint = c.summary.get("params_fingerprint")
         if twin and not twin.diverged and fingerprint and \
             twin.summary.get("params_fingerprint") == fingerprint:
-          same.setdefault(unbound, []).append(c)
+          why = f"identical to {unbound} (the same parameters fingerprint)"
         elif c.summary.get("wait_s") is not None and not any(c.summary["wait_s"]):
-          idle.append(c)
-      groups = [(group, f"identical to {unbound} (the same parameters fingerprint)")
-                for unbound, group in same.items()] + [(idle, "no worker ever waited on it")]
-      for group, why in groups:
-        if group:
-          lines.append(f"- {', '.join(dict.fromkeys(c.variant for c in group))}: the "
-                       "staleness bound s "
-                       f"never bound at {m} workers: {why}.")
+          why = "no worker ever waited on it"
+        else:
+          continue
+        unbound_runs.setdefault(why, []).append(c)
+      for why, runs in sorted(unbound_runs.items(), key=lambda item: item[0].startswith("no")):
+        # variants grouped by how often: in every seed of theirs, or in k of n
+        often: dict[str, list[str]] = {}
+        for variant in dict.fromkeys(c.variant for c in runs):
+          k = sum(c.variant == variant for c in runs)
+          n = len([c for c in cells if c.workers == m and c.variant == variant])
+          often.setdefault("" if k == n else f" in {k} of {n} seeds", []).append(variant)
+        for seeds, variants in often.items():
+          lines.append(f"- {', '.join(variants)}: the staleness bound s never bound at {m} "
+                       f"workers{seeds}: {why}.")
     return "\n".join(lines)
 
   def tables(self) -> str:
