@@ -3,7 +3,7 @@ LC-ASGD at 4, 8 and 16 workers whose batch times vary widely, so that one
 update arrives barely stale and the next very stale; one-worker SGD beside
 them as the reference.
 
-  python experiments/staleness_spread.py --seeds 0 1 2 3 4     # ~4 min on 2 cores
+  python experiments/staleness_spread.py --seeds 0 1 2 3 4     # ~3 min on 2 cores
 
 In the LC-ASGD miniature (experiments/lcasgd_table3.py) the server's link
 sets the pace and every update's staleness is M - 1: a point mass, which
