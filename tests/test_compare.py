@@ -202,7 +202,6 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
   if name == "lcasgd_table3":
     assert {"asp_abn", "dc_asgd_abn", "lc_asgd_abn"} <= {v.label for v in grid.variants}
   if name == "staleness_spread":  # the LC-ASGD miniature's task and lr; compute-bound, spread
-    monkeypatch.setenv("JAXDL_SCALE", "mini")
     lc_run = dict(compare.load_experiment(str(path.with_name("lcasgd_table3.py"))).run)
     spread = {**lc_run, "compute_time": 0.05, "jitter": 1.0}
     assert dict(grid.run) == spread and [v.label for v in grid.variants] == [
