@@ -188,11 +188,12 @@ def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ipdps21_table3", "lcasgd_table3",
-                                  "hyperparameter_sensitivity", "partitions", "strategies"])
+                                  "hyperparameter_sensitivity", "partitions", "strategies",
+                                  "staleness_spread"])
 def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
   from pathlib import Path
   path = Path(__file__).parent.parent / "experiments" / f"{name}.py"
-  for scale in ("mini", "paper"):
+  for scale in ("mini",) if name == "staleness_spread" else ("mini", "paper"):
     monkeypatch.setenv("JAXDL_SCALE", scale)
     grid = compare.load_experiment(str(path))
     assert grid.cells()
@@ -200,6 +201,11 @@ def test_experiment_files_define_valid_grids(tmp_path, monkeypatch, name):
       assert compare.check_cells(grid, tmp_path) == {}
   if name == "lcasgd_table3":
     assert {"asp_abn", "dc_asgd_abn", "lc_asgd_abn"} <= {v.label for v in grid.variants}
+  if name == "staleness_spread":  # the LC-ASGD miniature's task and lr; compute-bound, spread
+    lc_run = dict(compare.load_experiment(str(path.with_name("lcasgd_table3.py"))).run)
+    spread = {**lc_run, "compute_time": 0.05, "jitter": 1.0}
+    assert dict(grid.run) == spread and [v.label for v in grid.variants] == [
+        "sgd", "asp", "dc_asgd", "lc_asgd"]
   if name == "partitions":
     assert [v.label for v in grid.variants] == ["ar_sgd", "ar_sgd_proportional",
                                                 "ar_sgd_adaptive"]
