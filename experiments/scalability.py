@@ -15,7 +15,10 @@ building the model again; this is the same schedule a dry run of that cell
 makes. Speedup = samples per simulated second / one-worker SGD's. SSP uses
 s = 3, EASGD tau = 4, GoSGD p = 1 (the most communication of the paper's
 settings), with the defaults of `jaxdl run` for the rest (latency 50 us, one
-server shard, no jitter). Writes ``speedup.md``, ``speedup.json`` and
+server shard, no jitter). With equal workers and no jitter the seed enters
+only through the algorithms' own draws (GoSGD's and AD-PSGD's peers):
+``--seeds 0 1 2`` gives each cell's mean speedup and, where the seeds
+differ, its 95% interval. Writes ``speedup.md``, ``speedup.json`` and
 ``speedup.png`` into --out.
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ from jaxdl.cli import script_args
 from jaxdl.validation import validate
 from jaxdl.engines.sim import flops_per_batch, make_schedule
 from jaxdl.models import build_model
+from jaxdl.report.intervals import Interval
 from jaxdl.trace import step_ends
 from jaxdl.task import classification
 
@@ -62,6 +66,8 @@ class Args:
   classes: int = 1000
   """Classes of the output layer (ImageNet-1K; `jaxdl run --dataset synthetic` has 10)."""
   networks: tuple[str, ...] = ("10gbps", "56gbps")
+  seeds: tuple[int, ...] = (0,)
+  """Seeds of each cell (its --seed): the mean speedup and, where they differ, its 95% interval."""
 
 
 def model_costs(name: str, batch: int, profile: str, classes: int) -> tuple[float, int]:
@@ -82,11 +88,11 @@ def _stand_in() -> Problem:
 
 
 def throughput(algorithm: str, settings: dict, workers: int, network: str, compute_s: float,
-               model_bytes: int, args: Args) -> float:
+               model_bytes: int, args: Args, seed: int = 0) -> float:
   """Samples per simulated second of `steps` steps of this schedule."""
   config = RunConfig.make(algorithm=algorithm, workers=workers, network=network, engine="sim",
                           batch_size=args.batch_size, steps=args.steps, dry_run=True,
-                          **settings)
+                          seed=seed, **settings)
   spec = validate(config).spec
   # The schedule reads the family's declared policy (sync mode, period,
   # staleness bound, probability), which the settings alone decide; the
@@ -97,7 +103,7 @@ def throughput(algorithm: str, settings: dict, workers: int, network: str, compu
   cost = cluster.CostModel.build(workers, model_bytes, compute_s=compute_s, network=network,
                              latency=c.latency, servers=c.servers, speeds=(1.0,) * workers,
                              jitter=c.jitter, straggler_prob=c.straggler_prob,
-                             straggler_slowdown=c.straggler_slowdown, seed=0)
+                             straggler_slowdown=c.straggler_slowdown, seed=seed)
   events = list(make_schedule(alg, cost, args.steps, (args.batch_size,) * workers))
   end = events[step_ends(events, workers)[args.steps - 1]].time
   return args.steps * workers * args.batch_size / end
@@ -109,7 +115,7 @@ def main(args: Args) -> int:
   workers = (1, 2, 4, 8, 12, 16, 20, 24) if paper else (4, 8, 16, 24)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  results = {}
+  results, text = {}, {}  # mean speedups; their table entries (interval where seeds differ)
   for model in models:
     compute_s, nbytes = model_costs(model, args.batch_size, args.cluster, args.classes)
     print(f"{model}: {compute_s * 1e3:.1f} ms per batch of {args.batch_size} on "
@@ -118,19 +124,25 @@ def main(args: Args) -> int:
       base = throughput("sgd", {}, 1, net, compute_s, nbytes, args)
       for name, algorithm, settings in ALGORITHMS:
         for m in workers:
-          speedup = throughput(algorithm, settings, m, net, compute_s, nbytes, args) / base
-          results.setdefault(model, {}).setdefault(net, {}).setdefault(name, {})[m] = speedup
+          speedups = [throughput(algorithm, settings, m, net, compute_s, nbytes, args, seed)
+                      / base for seed in args.seeds]
+          results.setdefault(model, {}).setdefault(net, {}).setdefault(name, {})[m] = \
+              float(np.mean(speedups))
+          text[model, net, name, m] = (f"{speedups[0]:.2f}" if len(set(speedups)) == 1
+                                       else f"{Interval.of(speedups):.2f}")
     results[model]["compute_s"], results[model]["model_mb"] = compute_s, nbytes / 1e6
   (out / "speedup.json").write_text(json.dumps(results, indent=1))
+  seeds = ("" if len(args.seeds) == 1 else f"; mean over seeds {', '.join(map(str, args.seeds))},"
+           " ± its 95% interval where they differ")
   lines = [f"# Speedup over one worker (timing-only simulation, batch {args.batch_size} "
-           f"per worker, {args.cluster}, {args.steps} steps)\n"]
+           f"per worker, {args.cluster}, {args.steps} steps{seeds})\n"]
   for model in models:
     r = results[model]
     for net in args.networks:
       lines += [f"\n### {model} ({r['compute_s'] * 1e3:.1f} ms/batch, {r['model_mb']:.1f} MB), "
                 f"{net}\n", "| workers | " + " | ".join(a[0] for a in ALGORITHMS) + " |",
                 "|---|" + "---|" * len(ALGORITHMS)]
-      lines += [f"| {m} | " + " | ".join(f"{r[net][a[0]][m]:.2f}" for a in ALGORITHMS) + " |"
+      lines += [f"| {m} | " + " | ".join(text[model, net, a[0], m] for a in ALGORITHMS) + " |"
                 for m in workers]
   (out / "speedup.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
