@@ -67,7 +67,7 @@ class Args:
   """Classes of the output layer (ImageNet-1K; `jaxdl run --dataset synthetic` has 10)."""
   networks: tuple[str, ...] = ("10gbps", "56gbps")
   seeds: tuple[int, ...] = (0,)
-  """Seeds of each cell (its --seed): the mean speedup and, where they differ, its 95% interval."""
+  """Seeds of each cell (its --seed): the mean speedup, and its 95% interval where they differ."""
 
 
 def model_costs(name: str, batch: int, profile: str, classes: int) -> tuple[float, int]:

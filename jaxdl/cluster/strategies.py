@@ -206,9 +206,9 @@ def operation_seconds(pieces: Sequence[PieceCost], devices: Devices, examples: i
   "forward" or "training" (forward and backward): each piece at the longer
   of its FLOPs' time and its memory traffic's, summed, plus the fixed cost
   per operation."""
-  return devices.op_overhead + sum(
-      max(examples * getattr(p, passes) / devices.flops, p.traffic(passes, examples) / devices.memory)
-      for p in pieces)
+  return devices.op_overhead + sum(max(examples * getattr(p, passes) / devices.flops,
+                                       p.traffic(passes, examples) / devices.memory)
+                                   for p in pieces)
 
 
 def single_device(pieces: Sequence[PieceCost], devices: Devices, batch: int) -> float:
