@@ -7,24 +7,26 @@ from jaxdl.cluster import strategies as st
 from jaxdl.cluster.cost import DEFAULT_UTILIZATION, DEVICE_MEMORY, DEVICE_PROFILES
 from jaxdl.report.markdown import fmt, table
 
-MODELS = {"FLOP rate": False, "roofline": True}  # the cost model's two, by name
+COST_MODELS = {"FLOP rate": False, "roofline": True}  # name: asu_predictions(roofline=)
 
 
 def prediction_table() -> str:
   """The ASU seed's strategies, measured and predicted by the cost model's
   two models (jaxdl.cluster.strategies: the FLOP rate and the roofline per
   micro-batch): samples/s and ratios to one device."""
-  predicted = {name: st.asu_predictions(roofline) for name, roofline in MODELS.items()}
+  predicted = {name: st.asu_predictions(roofline) for name, roofline in COST_MODELS.items()}
   rows = []
   for i, strategy in enumerate(st.ASU_STRATEGIES):
     seed = predicted["FLOP rate"][i].measured_ratio
     rows.append([strategy.name, str(strategy.devices), str(strategy.batch),
                  fmt(strategy.measured, ",.0f"), fmt(seed, ".2f"),
-                 *(f for name in MODELS for f in (fmt(predicted[name][i].predicted, ",.0f"),
-                                                  fmt(predicted[name][i].predicted_ratio, ".2f")))])
+                 *(f for name in COST_MODELS
+                   for f in (fmt(predicted[name][i].predicted, ",.0f"),
+                             fmt(predicted[name][i].predicted_ratio, ".2f")))])
   return table(["strategy", "devices", "global batch", "seed samples/s",
                 "seed ratio to one device",
-                *(f for name in MODELS for f in (f"{name}: samples/s", f"{name}: ratio"))], rows)
+                *(f for name in COST_MODELS
+                  for f in (f"{name}: samples/s", f"{name}: ratio"))], rows)
 
 
 def _order(predictions, key) -> str:
@@ -38,11 +40,11 @@ def prediction_note() -> str:
   pieces = st.piece_costs(*st.ASU_MODEL)
   devices = st.asu_devices()
   first = st.stage_shares(pieces, 2)[0]
-  flops, roofline = (st.asu_predictions(r) for r in MODELS.values())
+  flops, roofline = (st.asu_predictions(r) for r in COST_MODELS.values())
   measured_order = _order(flops, lambda p: p.strategy.measured)
   orders = "; ".join(
-      f"the {name} {_order(p, lambda p: p.predicted if p.strategy.measured else None)}"
-      for name, p in zip(MODELS, (flops, roofline)))
+      f"the {name} {_order(predicted, lambda p: p.predicted if p.strategy.measured else None)}"
+      for name, predicted in zip(COST_MODELS, (flops, roofline)))
   ratios = lambda predicted, of: ", ".join(
       f"{p.strategy.name} {of(p):.2f}" for p in predicted[1:] if p.closeness)
   return (
