@@ -51,15 +51,11 @@ def _of(run: CellResult) -> dict[str, float] | None:
   return None if run.diverged or not histogram else distribution(histogram)
 
 
-def has_staleness(cells: list[list[CellResult]]) -> bool:
-  """Whether any run of the cells has a staleness histogram."""
-  return any(_of(r) for runs in cells for r in runs)
-
-
 def staleness_table(cells: list[list[CellResult]]) -> str:
   """A row per cell with staleness (each cell as its runs over the seeds):
   each figure of `distribution` as its mean over the seeds and its 95%
-  interval; a seed's count where not every run has it."""
+  interval; a seed's count where not every run has it. "" where no run has
+  a staleness histogram."""
   rows = []
   for runs in cells:
     figures = [f for f in map(_of, runs) if f]
@@ -69,5 +65,7 @@ def staleness_table(cells: list[list[CellResult]]) -> str:
                                        if len(figures) < len(runs) else str(len(runs)))
     rows.append([f"{runs[0].variant} ×{runs[0].workers}", seeds] + [
         fmt(Interval.of(f[name] for f in figures), spec) for name, spec in FIGURES])
+  if not rows:
+    return ""
   return table(["cell", "seeds", "updates", "mean", "std", *(f"p{q}" for q in QUANTILES),
                 "max"], rows)

@@ -40,7 +40,7 @@ from jaxdl.report.findings import FINDINGS_NOTE, findings_table
 from jaxdl.report.intervals import Interval
 from jaxdl.report.markdown import fmt, table
 from jaxdl.report.prediction import prediction_note, prediction_table
-from jaxdl.report.staleness import has_staleness, staleness_table
+from jaxdl.report.staleness import staleness_table
 
 WAIT_NOTE = ("Wait is the time a worker is held by its algorithm's rule: at a synchronous "
              "step's barrier (at a parameter server, until the last gradient has arrived), "
@@ -329,6 +329,7 @@ class Tables(Comparison):
         else:
           continue
         unbound_runs.setdefault(why, []).append(c)
+      # the runs with the unbound algorithm's bits first, those that merely never waited after
       for why, runs in sorted(unbound_runs.items(), key=lambda item: item[0].startswith("no")):
         # variants grouped by how often: in every seed of theirs, or in k of n
         often: dict[str, list[str]] = {}
@@ -355,9 +356,9 @@ class Tables(Comparison):
                   self.bn_error_table(net)]
       parts += [f"### Speedup, time to target, waiting, staleness, bytes{where}",
                 self.scaling_table(net), WAIT_NOTE]
-      if has_staleness(self.cells(net)):
-        parts += [f"### Staleness of the applied updates{where}: distribution",
-                  staleness_table(self.cells(net))]
+      staleness = staleness_table(self.cells(net))
+      if staleness:
+        parts += [f"### Staleness of the applied updates{where}: distribution", staleness]
       if self.heterogeneous(net):
         parts += [f"### Partitions of the global batch: time per epoch, idle workers{where} "
                   "(the Choi seed's comparison)", self.partition_table(net)]
