@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import gc
 import os
 import signal
 import sys
@@ -24,7 +23,7 @@ from jaxdl.optim import OPTIMIZERS
 from jaxdl.report import Report, ReportArgs
 from jaxdl.runner import DIVERGENCE_FACTOR, default_out, run
 from jaxdl.settings import field_docs
-from jaxdl.shutdown import exit_within
+from jaxdl.shutdown import Collecting, deferred, exit_within
 from jaxdl.task import TASKS, task_names
 from jaxdl.validation import check_target
 
@@ -106,49 +105,13 @@ def _run(args: list[str]) -> int:
   return 0
 
 
-class _Collecting:
-  """Whether Python's garbage collector is running (its callbacks, weakref
-  callbacks and finalizers run then, and an exception raised in them is
-  only printed): set by a gc callback before every other, cleared by one
-  after every other (kept last: a library imported later, jax, appends its
-  own)."""
-  now = False
-
-  @staticmethod
-  def start(phase: str, info) -> None:
-    if phase == "start":
-      _Collecting.now = True
-      callbacks = gc.callbacks
-      if callbacks[-1] is not _Collecting.stop and _Collecting.stop in callbacks:
-        # (the gc is at this callback, the first: moving a later one is safe)
-        callbacks.remove(_Collecting.stop)
-        callbacks.append(_Collecting.stop)
-
-  @staticmethod
-  def stop(phase: str, info) -> None:
-    if phase == "stop":
-      _Collecting.now = False
-
-
-def _in_finalizer(frame) -> bool:
-  """Whether `frame` runs inside a `__del__` (a finalizer that a reference
-  count reaching zero ran, outside the garbage collector)."""
-  while frame is not None:
-    if frame.f_code.co_name == "__del__":
-      return True
-    frame = frame.f_back
-  return False
-
-
 def _interrupt(signum, frame) -> None:
   """Ctrl-C, or SIGTERM during `compare`: a KeyboardInterrupt, unless the
   garbage collector or a finalizer is running, which would only print it
   and go on (e.g. an asyncio loop's __del__): then the same signal again,
   shortly, out of it."""
-  if _Collecting.now or _in_finalizer(frame):
-    threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
-    return
-  raise KeyboardInterrupt
+  if not deferred(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _compare(args: list[str]) -> int:
@@ -342,8 +305,7 @@ def main(argv: list[str] | None = None) -> int:
   handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C
-  gc.callbacks.insert(0, _Collecting.start)
-  gc.callbacks.append(_Collecting.stop)
+  Collecting.watch()
   try:
     return command(argv[1:])
   except ConfigError as e:
@@ -357,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
       exit_within(EXIT_GRACE_S, 130)
     return 130
   finally:
-    gc.callbacks.remove(_Collecting.start)
-    gc.callbacks.remove(_Collecting.stop)
+    Collecting.unwatch()
     if threading.current_thread() is threading.main_thread():
       for n, handler in handlers.items():
         signal.signal(n, handler)

@@ -95,6 +95,7 @@ def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where
   import weakref
 
   from jaxdl import cli
+  from jaxdl.shutdown import Collecting
 
   class Cycle:
     pass
@@ -104,8 +105,8 @@ def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where
   late = where == "gc callback appended later"
   callback = lambda phase, info: interrupt() if phase == ("stop" if late else "start") else None
   previous = signal.signal(signal.SIGTERM, cli._interrupt)
-  gc.callbacks[:0] = [cli._Collecting.start] + ([callback] if where == "gc callback" else [])
-  gc.callbacks.append(cli._Collecting.stop)
+  gc.callbacks[:0] = [Collecting.start] + ([callback] if where == "gc callback" else [])
+  gc.callbacks.append(Collecting.stop)
   if late:
     gc.callbacks.append(callback)
   try:
@@ -119,7 +120,7 @@ def test_an_interrupt_during_garbage_collection_is_raised_after_it(capsys, where
       for _ in range(2000):  # the signal again, 50 ms later
         time.sleep(0.001)
   finally:
-    for cb in (cli._Collecting.start, callback, cli._Collecting.stop):
+    for cb in (Collecting.start, callback, Collecting.stop):
       if cb in gc.callbacks:
         gc.callbacks.remove(cb)
     signal.signal(signal.SIGTERM, previous)
@@ -132,16 +133,16 @@ def test_a_signal_in_a_finalizer_is_deferred_not_lost():
   KeyboardInterrupt raised in it: the handler sees it is in one."""
   import sys
 
-  from jaxdl.cli import _in_finalizer
+  from jaxdl.shutdown import in_finalizer
 
   seen = []
 
   class Finalized:
     def __del__(self):
-      seen.append(_in_finalizer(sys._getframe()))
+      seen.append(in_finalizer(sys._getframe()))
 
   Finalized()  # no reference kept: its __del__ runs at once
-  assert seen == [True] and not _in_finalizer(sys._getframe())
+  assert seen == [True] and not in_finalizer(sys._getframe())
 
 
 @pytest.mark.slow
@@ -203,6 +204,32 @@ def test_a_stopped_cell_ends_its_process_though_its_cleanup_never_ends():
   finally:
     process.kill()
     process.wait()
+
+
+def test_a_cell_stopped_during_garbage_collection_ends_at_once():
+  """compare's SIGTERM to a pool process that lands in a gc callback (jax's
+  runs at every collection) is not printed and lost there, leaving the cell
+  running until the grace timer kills it: the process ends with 143 at
+  once, nothing printed."""
+  script = """if True:
+    import gc, signal, time
+    from jaxdl.compare import pool
+    pool.STOP_SECONDS = 30.0
+    pool._worker_init(pool.os.getppid())
+    def callback(phase, info):  # appended after jaxdl's, as jax's is
+      if phase == "start":
+        gc.callbacks.remove(callback)
+        signal.raise_signal(signal.SIGTERM)  # its handler runs here, in the collection
+    gc.callbacks.append(callback)
+    gc.collect()
+    time.sleep(60)
+  """
+  start = time.monotonic()
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=90)
+  assert done.returncode == 128 + signal.SIGTERM
+  assert time.monotonic() - start < 20, "ended by the grace timer, not by the stop"
+  assert done.stderr == ""
 
 
 def test_an_interrupted_command_exits_though_a_thread_never_ends():

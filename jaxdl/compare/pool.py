@@ -25,7 +25,7 @@ from jaxdl.compare.grid import Cell, Grid
 from jaxdl.compare.grids import load_experiment
 from jaxdl.config import RunConfig
 from jaxdl.runner import run
-from jaxdl.shutdown import exit_within
+from jaxdl.shutdown import Collecting, deferred, exit_within
 
 # Seconds an interrupted cell has to stop cleanly before it is killed.
 STOP_SECONDS = 5.0
@@ -109,6 +109,7 @@ def _worker_init(parent: int) -> None:
   # (Linux's parent-death signal).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, _end_cell)
+  Collecting.watch()  # a SIGTERM in jax's gc callback is not lost (_end_cell)
   try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
   except (OSError, AttributeError):
@@ -127,7 +128,11 @@ def _end_cell(signum, frame) -> None:
   # last complete one. The pool itself may send SIGTERM again (as it finds
   # itself broken), once the process is ending: that one is ignored. The
   # cell's cleanup has STOP_SECONDS: a wait on orbax's threads that the
-  # signal left stuck never ends.
+  # signal left stuck never ends. A SIGTERM that lands in the garbage
+  # collector (jax's gc callback), where _Stopped would only be printed and
+  # the cell would run on, comes again out of it.
+  if deferred(signum, frame):
+    return
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   exit_within(STOP_SECONDS, 128 + signum)
   logging.getLogger("absl").setLevel(logging.CRITICAL)
