@@ -174,16 +174,16 @@ class OpRunner:
     sums, tables = self._zeros, iter(tables)
     for kind, size, start, count in parts:
       if size == 0:
-        program = self._program((kind, 0), lambda: _own(self.fns[kind]))
+        program = self._program((kind, 0), lambda: _own(self.fns[kind], kind))
         server, workers, sums = program(server, workers, sums,
                                         jax.tree.map(lambda x: x[start], arrays), data)
       elif size is None:
-        run = self._program(f"{kind} run", lambda: _repeat(self.fns[kind]))
+        run = self._program(f"{kind} run", lambda: _repeat(self.fns[kind], f"{kind}_run"))
         server, workers, sums = run(server, workers, sums, arrays, np.int32(start),
                                     np.int32(start + count), data)
       else:
         # (a function of its own: jit's cache is the function's, whatever the wrapper)
-        program = self._program((kind, size), lambda: _own(self.fns[kind]))
+        program = self._program((kind, size), lambda: _own(self.fns[kind], f"{kind}_k{size}"))
         server, workers, sums = program(server, workers, sums, next(tables), data)
     return server, workers, self._means(sums)
 
@@ -203,7 +203,7 @@ class OpRunner:
           carry = fns[kind](*carry, next(tables), data)
       server, workers, sums = carry
       return server, workers, _means(sums)
-    return run
+    return _named(run, "fused_step")
 
   def _scan(self, server, workers, ops: list[Op]):
     m = self.num_workers
@@ -232,16 +232,25 @@ def _with_batch(fn, name: str):
   return lambda server, workers, sums, op, table, data: fn(server, workers, sums, op, data)
 
 
-def _own(fn):
-  return lambda *args: fn(*args)
+def _own(fn, name: str):
+  """`fn` as a function of its own (jit's cache is the function's, whatever
+  the wrapper), named for compile logs and profiles: jit(compute_k4)."""
+  def own(*args):
+    return fn(*args)
+  return _named(own, name)
 
 
-def _repeat(fn):
+def _repeat(fn, name: str = "run"):
   """`fn` over the ops start, ..., end - 1 of the step's arrays, in order, in one call."""
   def run(server, workers, sums, ops, start, end, data):
     body = lambda i, carry: fn(*carry, jax.tree.map(lambda x: x[i], ops), data)
     return lax.fori_loop(start, end, body, (server, workers, sums))
-  return run
+  return _named(run, name)
+
+
+def _named(fn, name: str):
+  fn.__name__ = fn.__qualname__ = name
+  return fn
 
 
 def _means(sums):
