@@ -229,7 +229,7 @@ def test_a_cell_stopped_during_garbage_collection_ends_at_once():
                         timeout=90)
   assert done.returncode == 128 + signal.SIGTERM
   assert time.monotonic() - start < 20, "ended by the grace timer, not by the stop"
-  assert done.stderr == ""
+  assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_an_interrupted_command_exits_though_a_thread_never_ends():
