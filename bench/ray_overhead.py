@@ -73,12 +73,17 @@ class Reply:
 def bare_round_trip(sent, returned, n: int) -> float:
   """Median seconds of a Ray actor call that carries `sent` and returns `returned`."""
   import ray
-  actor = ray.remote(num_cpus=0)(Reply).remote(returned)
-  ray.get(actor.call.remote(sent))
+  return median_call(ray.remote(num_cpus=0)(Reply).remote(returned), (sent,), n)
+
+
+def median_call(actor, args: tuple, n: int) -> float:
+  """Median seconds of n calls of `actor.call(*args)`, after one untimed; kills the actor."""
+  import ray
+  ray.get(actor.call.remote(*args))
   times = []
   for _ in range(n):
     start = time.perf_counter()
-    ray.get(actor.call.remote(sent))
+    ray.get(actor.call.remote(*args))
     times.append(time.perf_counter() - start)
   ray.kill(actor)
   return statistics.median(times)
@@ -101,14 +106,7 @@ def server_round_trip(sent, returned, n: int) -> float:
   reply = (((packed(returned), False), 1), [])
   actor = ray.remote(num_cpus=0)(AsyncReply).options(max_concurrency=64).remote(reply)
   args = (0, 1, packed(sent), 1e-3, 2e-3, {"loss": 1.0, "accuracy": 0.5}, 0)
-  ray.get(actor.call.remote(*args))
-  times = []
-  for _ in range(n):
-    start = time.perf_counter()
-    ray.get(actor.call.remote(*args))
-    times.append(time.perf_counter() - start)
-  ray.kill(actor)
-  return statistics.median(times)
+  return median_call(actor, args, n)
 
 
 def messages(config: RunConfig):
