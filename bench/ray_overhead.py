@@ -6,9 +6,11 @@ against a baseline measured in the same run.
    update at the server (from the trace), less the worker's measured
    compute seconds, is what the engine adds; the baseline is a bare Ray
    actor round trip carrying the same messages (a push there, a pull
-   back), timed in the same Ray instance. The machine's CPU seconds per
-   update bound the scaling on its cores, as long as they stay what one
-   worker's cost.
+   back), timed in the same Ray instance; beside it, the engine's call (a
+   push's arguments, one packed buffer, and a reply's) to an asyncio actor,
+   as the server is, that returns at once (`server_round_trip`): the floor
+   of the engine's overhead. The machine's CPU seconds per update bound the
+   scaling on its cores, as long as they stay what one worker's cost.
 2. Scaling: samples/s of ray asp with M workers over one worker's: the
    run's (wall time, the driver's evaluation and checkpoint included) and
    the server's (samples applied from the first pull to the last apply).
@@ -38,6 +40,7 @@ from jaxdl import trace
 from jaxdl.config import RunConfig
 from jaxdl.engines import ray_driver
 from jaxdl.engines.events import EventPrograms, one_batch, take
+from jaxdl.engines.ray_messages import packed
 from jaxdl.runner import setup
 
 
@@ -70,15 +73,40 @@ class Reply:
 def bare_round_trip(sent, returned, n: int) -> float:
   """Median seconds of a Ray actor call that carries `sent` and returns `returned`."""
   import ray
-  actor = ray.remote(num_cpus=0)(Reply).remote(returned)
-  ray.get(actor.call.remote(sent))
+  return median_call(ray.remote(num_cpus=0)(Reply).remote(returned), (sent,), n)
+
+
+def median_call(actor, args: tuple, n: int) -> float:
+  """Median seconds of n calls of `actor.call(*args)`, after one untimed; kills the actor."""
+  import ray
+  ray.get(actor.call.remote(*args))
   times = []
   for _ in range(n):
     start = time.perf_counter()
-    ray.get(actor.call.remote(sent))
+    ray.get(actor.call.remote(*args))
     times.append(time.perf_counter() - start)
   ray.kill(actor)
   return statistics.median(times)
+
+
+class AsyncReply:
+  def __init__(self, reply):
+    self.reply = reply
+
+  async def call(self, *args):
+    return self.reply
+
+
+def server_round_trip(sent, returned, n: int) -> float:
+  """Median seconds of the engine's call to its server, a push, against an
+  asyncio actor (max_concurrency 64, as the server's) that does nothing
+  but return a pull's reply: `sent` and `returned` packed as the engine
+  packs them, with the push's other arguments."""
+  import ray
+  reply = (((packed(returned), False), 1), [])
+  actor = ray.remote(num_cpus=0)(AsyncReply).options(max_concurrency=64).remote(reply)
+  args = (0, 1, packed(sent), 1e-3, 2e-3, {"loss": 1.0, "accuracy": 0.5}, 0)
+  return median_call(actor, args, n)
 
 
 def messages(config: RunConfig):
@@ -144,9 +172,11 @@ def measure(args: Args) -> dict[str, dict[int, dict]]:
       push, pull = messages(one)
       nbytes = [sum(np.asarray(x).nbytes for x in m) for m in (push, pull)]
       bare = bare_round_trip(push, pull, args.round_trips)
+      floor = server_round_trip(push, pull, args.round_trips)
       runs = {m: ray_run(model, m, args, Path(tmp) / f"{model}-{m}") for m in args.workers}
       print(f"\n{model}: a push carries {nbytes[0] / 1e6:.2f} MB, a pull "
-            f"{nbytes[1] / 1e6:.2f} MB; a bare actor round trip with them {bare * 1e3:.2f} ms")
+            f"{nbytes[1] / 1e6:.2f} MB; a bare actor round trip with them {bare * 1e3:.2f} ms, "
+            f"the engine's call to an asyncio actor that returns at once {floor * 1e3:.2f} ms")
       if 1 in runs:
         r = runs[1]
         per_update = r["server_s"] / r["steps"]
@@ -155,7 +185,8 @@ def measure(args: Args) -> dict[str, dict[int, dict]]:
         cpu = r["machine_cpu_s"] / r["steps"]
         print(f"  1 worker: {per_update * 1e3:.2f} ms an update, {compute * 1e3:.2f} ms of "
               f"compute: overhead {overhead * 1e3:.2f} ms = {overhead / bare:.2f} x the bare "
-              f"round trip. The machine's CPU per update: {cpu * 1e3:.2f} ms; at that cost "
+              f"round trip ({overhead / floor:.2f} x the call). The machine's CPU per "
+              f"update: {cpu * 1e3:.2f} ms; at that cost "
               f"its {os.cpu_count()} cores allow at most "
               f"{os.cpu_count() * per_update / cpu:.2f} x one worker's updates per second")
       print(f"  {'workers':>8}{'samples/s':>12}{'vs 1':>8}{'at server':>11}{'vs 1':>8}"
@@ -169,7 +200,8 @@ def measure(args: Args) -> dict[str, dict[int, dict]]:
               f"{r['staleness_mean'] or 0:>11.2f}{cpu * 1e3:>12.2f}{startup:>12.1f}")
       keys = ("samples_per_s", "server_samples_per_s", "wall_time_s", "server_s",
               "staleness_mean", "total_s", "machine_cpu_s", "central_cpu_s")
-      print(json.dumps({"model": model, "bare_round_trip_s": bare, "message_bytes": nbytes,
+      print(json.dumps({"model": model, "bare_round_trip_s": bare,
+                        "server_round_trip_s": floor, "message_bytes": nbytes,
                         "runs": {m: {k: r[k] for k in keys} for m, r in runs.items()}}))
       everything[model] = runs
   return everything
