@@ -40,7 +40,7 @@ from bench.timing import interleaved, machine, report
 from jaxdl import algorithms
 from jaxdl.algorithms import ALGORITHMS, Problem
 from jaxdl.algorithms.compensation import delay_compensation
-from jaxdl.algorithms.lc_asgd import default_pieces
+from jaxdl.algorithms.lc_asgd import default_pieces, predict
 from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams
 from jaxdl.engines import SimEngine
@@ -49,8 +49,15 @@ from jaxdl.models import build_model
 from jaxdl.optim import make_optimizer
 from jaxdl.task import classification
 
-ARMS = {"asp": {}, "dc_asgd": {}, "dc_asgd adaptive": {"dc_adaptive": True},
-        "lc_asgd": {}}
+class Arm(NamedTuple):
+  algorithm: str
+  settings: dict
+
+
+ARMS = {"asp": Arm("asp", {}), "dc_asgd": Arm("dc_asgd", {}),
+        "dc_asgd adaptive": Arm("dc_asgd", {"dc_adaptive": True}),
+        "lc_asgd": Arm("lc_asgd", {})}
+ALONE = {arm: f"{arm}: arithmetic alone" for arm in ARMS if arm != "asp"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +81,15 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
                     make_optimizer(RunConfig.make(**base).optim, 10**6, 100))
   total = (args.rounds + 2) * args.steps
   arms, rounds, alone = {}, {}, {}
-  for arm, extra in ARMS.items():
-    config = RunConfig.make(algorithm=arm.split()[0], **base, **extra)
+  for arm, (algorithm, extra) in ARMS.items():
+    config = RunConfig.make(algorithm=algorithm, **base, **extra)
     # as in a run of thousands of steps: a program per common signature of step
     sim = SimEngine(_algorithm(config, problem), problem, streams,
                     slice_of(config, SimEngine.fields), total, fused_steps=1)
     arms[arm] = _sim_arm(sim, total)
     rounds[arm] = _server_round(sim, args.calls)
-    if arm != "asp":
-      alone[f"{arm}: arithmetic alone"] = _arithmetic(config, problem, args.calls)
+    if arm in ALONE:
+      alone[ALONE[arm]] = _arithmetic(config, problem, args.calls)
   times = interleaved(arms, args.steps, args.rounds, warmup=1)
   report(f"{name} {side}x{side}, batch {batch}, {workers} workers, seconds per step "
          f"({workers} updates)", times, baseline="asp")
@@ -99,14 +106,13 @@ def bench_case(case: str, args: Args) -> dict[str, float]:
         f"{rsqrt * 1e6:.1f} us, {100 * rsqrt / (asp_step / workers):.1f}% of asp's iteration")
   print("the engine's extra server round over asp's, against the compensation's arithmetic "
         "alone (goal <= 1.2 x on the mlp):")
-  for arm in alone:
-    name = arm.split(":")[0]
-    extra = per_call(name) - per_call("asp")
-    print(f"  {name:<18} extra {extra * 1e6:7.1f} us, arithmetic alone "
-          f"{per_call(arm) * 1e6:7.1f} us: {extra / per_call(arm):.2f} x")
+  for arm, label in ALONE.items():
+    extra = per_call(arm) - per_call("asp")
+    print(f"  {arm:<18} extra {extra * 1e6:7.1f} us, arithmetic alone "
+          f"{per_call(label) * 1e6:7.1f} us: {extra / per_call(label):.2f} x")
   return {arm: (statistics.median(times[arm]) / asp_step - 1,
                 (per_call(arm) - per_call("asp")) / (asp_step / workers))
-          for arm in ARMS if arm != "asp"}
+          for arm in ALONE}
 
 
 def _algorithm(config, problem: Problem):
@@ -149,8 +155,8 @@ def _arithmetic(config: RunConfig, problem: Problem, calls: int):
   and no engine, in one jitted loop, each update's output the next one's
   gradient: DC-ASGD's transformation (the server's parameters and the
   pulled ones are the same every update, so XLA may compute w - w_bak once:
-  this is at most the arithmetic); LC-ASGD's pieces in the order its
-  `apply` calls them, then its loss compensation."""
+  this is at most the arithmetic); LC-ASGD's server-side predictions (its
+  `predict`, which `apply` calls), then its loss compensation."""
   settings = config.settings()
   shapes = problem.task.init_shapes()[0]
   rng = np.random.default_rng(0)
@@ -168,12 +174,10 @@ def _arithmetic(config: RunConfig, problem: Problem, calls: int):
   def update(i, carry):  # worker i mod M reports, its gradient as stale as i mod 2M
     g, steps, losses, loss = carry
     t_comm, t_comp = jnp.float32(0.01), 0.01 + 0.001 * (i % 3).astype(jnp.float32)
-    k = pieces.steps.predict(steps, i % m, t_comm, t_comp)
-    steps = pieces.steps.update(steps, i % m, t_comm, t_comp, (i % (2 * m)).astype(jnp.float32))
-    losses = pieces.losses.update(losses, loss)
-    _, slope = pieces.losses.compensation(losses, loss, k)
-    g, _ = pieces.compensation.update(g, empty, delay_loss_slope=slope)
-    return g, steps, losses, pieces.losses.predict_next(losses, loss)
+    pred = predict(pieces, steps, losses, i % m, t_comm, t_comp,
+                   (i % (2 * m)).astype(jnp.float32), loss)
+    g, _ = pieces.compensation.update(g, empty, delay_loss_slope=pred.slope)
+    return g, pred.steps, pred.losses, pred.next_loss
   return _looped(update, (grads, pieces.steps.init(m), pieces.losses.init(),
                           jnp.float32(2.3)), calls)
 

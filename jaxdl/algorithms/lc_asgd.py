@@ -87,6 +87,24 @@ class WorkerState(NamedTuple):
   inbox: Any = optax.EmptyState()  # --compress-pull: the replies' compression state
 
 
+class Prediction(NamedTuple):
+  k: jax.Array          # the delay predicted for the report, before its true one is known
+  slope: jax.Array      # the loss compensation's delay_loss_slope, rolled out over k
+  steps: Any            # the step predictor's state, having learned the true delay
+  losses: Any           # the loss predictor's state, having learned the reported loss
+  next_loss: jax.Array  # the loss it predicts for the next report
+
+
+def predict(p: Pieces, steps, losses, index, t_comm, t_comp, delay, loss) -> Prediction:
+  """The server's predictions on worker `index`'s report (steps 1 and 2 above):
+  what `apply` computes before the compensated gradient, and all of it."""
+  k = p.steps.predict(steps, index, t_comm, t_comp)
+  steps = p.steps.update(steps, index, t_comm, t_comp, delay)
+  losses = p.losses.update(losses, loss)
+  _, slope = p.losses.compensation(losses, loss, k)
+  return Prediction(k, slope, steps, losses, p.losses.predict_next(losses, loss))
+
+
 def build(settings: LCSettings, problem: Problem, num_workers: int,
           pieces: Callable[[LCSettings, int], Pieces] = default_pieces) -> Centralized:
   """LC-ASGD with its predictors and compensation from `pieces(settings, num_workers)`."""
@@ -112,17 +130,16 @@ def build(settings: LCSettings, problem: Problem, num_workers: int,
 
   def apply(server: ServerState, worker: WorkerState, t_comp):
     delay = (server.version - worker.version).astype(jnp.float32)
-    k = p.steps.predict(server.steps, worker.index, worker.t_comm, t_comp)
-    steps = p.steps.update(server.steps, worker.index, worker.t_comm, t_comp, delay)
     seen = (server.losses.seen > 0).astype(jnp.float32)
     loss_error = seen * jnp.abs(server.next_loss - worker.loss)
-    losses = p.losses.update(server.losses, worker.loss)
-    _, slope = p.losses.compensation(losses, worker.loss, k)
-    errors = server.errors + jnp.stack([jnp.abs(k - delay), k, delay, 1.0, loss_error, seen])
+    pred = predict(p, server.steps, server.losses, worker.index, worker.t_comm, t_comp,
+                   delay, worker.loss)
+    errors = server.errors + jnp.stack([jnp.abs(pred.k - delay), pred.k, delay, 1.0,
+                                        loss_error, seen])
     grads = problem.decode_message(worker.grads, server.params)
-    server = asp.update(server, grads, optimizer, delay_loss_slope=slope)
-    return server._replace(steps=steps, losses=losses, errors=errors,
-                           next_loss=p.losses.predict_next(losses, worker.loss)), worker
+    server = asp.update(server, grads, optimizer, delay_loss_slope=pred.slope)
+    return server._replace(steps=pred.steps, losses=pred.losses, errors=errors,
+                           next_loss=pred.next_loss), worker
 
   def report(server: ServerState) -> dict:
     e = server.errors
