@@ -358,25 +358,32 @@ def test_a_pipelined_step_compiles_outside_the_persistent_cache():
   """A pipelined step's executable loaded from JAX's persistent cache crashed
   XLA's CPU runtime in one run in five (jaxdl.engines.mesh.outside_persistent_cache):
   its compile neither reads nor writes the cache, the data parallel step's
-  does, and the cache is on again after it."""
+  does, and the cache is on again after it. Both compile in `init`, before a
+  run's clock starts: the first step compiles nothing."""
   from jaxdl.config import RunConfig
   from tests.helpers import make_engine
   assert jax.config.jax_compilation_cache_dir  # (tests/conftest.py)
-  uses = []
+  uses, compiles = [], []
   listen = lambda event, **_: uses.append(event) if event.endswith("use_cache") else None
+  timed = lambda event, _, **__: compiles.append(event) if "backend_compile" in event else None
   jax.monitoring.register_event_listener(listen)
+  jax.monitoring.register_event_duration_secs_listener(timed)
   try:
     counts = []
     for strategy in ({"parallelism": "pipeline", "stages": 2, "microbatches": 2}, {}):
       engine = make_engine(RunConfig.make(algorithm="ar_sgd", workers=2, model="mlp",
                                           batch_size=8, steps=2, lr=0.125, **strategy))
-      state = engine.init(jax.random.key(3))  # (its compile is the cache's either way)
       before = len(uses)
+      state = engine.init(jax.random.key(3))  # the initial state's program: the cache's
+      compiled = len(compiles)
       jax.block_until_ready(engine.step(state, 0))
+      assert len(compiles) == compiled, strategy  # found in memory
       counts.append(len(uses) - before)
   finally:
     jax.monitoring.unregister_event_listener(listen)
-  assert counts == [0, 1]
+    jax.monitoring.unregister_event_duration_listener(timed)
+  # the initial states' programs the same, the data parallel step's one more
+  assert counts[1] == counts[0] + 1
 
 
 def test_a_stages_timed_work_follows_its_arithmetic():
