@@ -57,7 +57,7 @@ COMMUNICATION_GRID = Grid(variants=COMMUNICATION_VARIANTS, networks=("56gbps", "
 # from pairwise references, jaxdl.algorithms.pairwise), on the communication
 # grid's task and networks; sgd sets the target. At 4 and 8 workers: each
 # worker holds 2 M references, and compressed AD-PSGD, which exchanges after
-# every step, took ~12 minutes a cell at 16 (--workers 16 runs it).
+# every step, takes 2-3 minutes a cell at 16 on 2 cores (--workers 16 runs it).
 GOSSIP_VARIANTS = (
     Variant("sgd"), Variant("gosgd"),
     Variant("gosgd", (("compress", "topk:0.01"),), name="gosgd_topk"),
