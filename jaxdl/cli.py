@@ -276,7 +276,7 @@ def _environment() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                         str(Path.home() / ".cache" / "jaxdl" / "xla"))
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 EXIT_GRACE_S = 60.0
