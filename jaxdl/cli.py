@@ -271,8 +271,10 @@ def experiment_main(path: str, doc: str, argv: list[str]) -> int:
 
 
 def _environment() -> None:
-  """Quiet TensorFlow logs; keep compiled XLA programs across runs (set
-  JAX_COMPILATION_CACHE_DIR to move the cache, or to '' to turn it off)."""
+  """Quiet TensorFlow logs; keep every compiled XLA program across runs and
+  across a comparison's processes, however quick its compile (set
+  JAX_COMPILATION_CACHE_DIR to move the cache, or to '' to turn it off, and
+  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS to keep only slower ones)."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                         str(Path.home() / ".cache" / "jaxdl" / "xla"))
