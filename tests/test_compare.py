@@ -407,6 +407,19 @@ def _compared(out: Path, capsys, *args: str) -> tuple[str, list[dict], dict[str,
       c["name"]: json.loads((out / c["name"] / "summary.json").read_text()) for c in cells}
 
 
+def test_the_default_grids_cells_checkpoint_at_their_end(tmp_path):
+  """A default cell (a second or two of work) saves one checkpoint, at its
+  end, not one an epoch; --checkpoint-every still sets the cadence."""
+  def steps_saved(out: Path, *args: str) -> list[int]:
+    # two epochs of 5 steps (2 workers x 128 of digits' training images)
+    assert main(["compare", "--out", str(out), "--algorithms", "asp", "--workers", "2",
+                 "--batch-size", "128", "--epochs", "2", "--timing-networks", "10gbps",
+                 "--jobs", "1", "--no-progress", "--no-report", *args]) == 0
+    return sorted(int(p.name) for p in (out / "asp-m2" / "checkpoints").iterdir())
+  assert steps_saved(tmp_path / "default") == [10]
+  assert steps_saved(tmp_path / "every", "--checkpoint-every", "4") == [8, 10]
+
+
 @pytest.mark.parametrize("name", marks.default_only(list(ALGORITHMS), DEFAULT_ALGORITHMS))
 def test_every_algorithm_is_compared_and_swept(name, tmp_path, capsys):
   """Each registered algorithm beside the one-worker baseline, swept over two
