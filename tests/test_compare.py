@@ -413,7 +413,7 @@ def test_the_default_grids_cells_checkpoint_at_their_end(tmp_path):
   def steps_saved(out: Path, *args: str) -> list[int]:
     # two epochs of 5 steps (2 workers x 128 of digits' training images)
     assert main(["compare", "--out", str(out), "--algorithms", "asp", "--workers", "2",
-                 "--batch-size", "128", "--epochs", "2", "--timing-networks", "10gbps",
+                 "--batch-size", "128", "--epochs", "2", "--timing-networks",
                  "--jobs", "1", "--no-progress", "--no-report", *args]) == 0
     return sorted(int(p.name) for p in (out / "asp-m2" / "checkpoints").iterdir())
   assert steps_saved(tmp_path / "default") == [10]
