@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+AT_THE_END = 10**9
+"""A log_every, eval_every or checkpoint_every that no run reaches: once,
+after its last step."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Cadence:

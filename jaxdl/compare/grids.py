@@ -9,6 +9,7 @@ import traceback
 from pathlib import Path
 
 from jaxdl import rundir
+from jaxdl.cadence import AT_THE_END
 from jaxdl.compare.grid import DEFAULT_RUN, Grid, Variant
 from jaxdl.errors import ConfigError
 
@@ -25,7 +26,7 @@ DC_ASGD_A = Variant("dc_asgd", (("dc_adaptive", True), ("dc_lambda", 2.0)), name
 # an epoch (an interrupted cell runs again; --checkpoint-every sets it).
 DEFAULT_GRID = Grid(variants=(Variant("sgd"), IPDPS21_VARIANTS[0], Variant("ar_sgd"),
                               *IPDPS21_VARIANTS[1:], DC_ASGD_A, Variant("lc_asgd")),
-                    run=(*DEFAULT_RUN, ("checkpoint_every", 10**9)))
+                    run=(*DEFAULT_RUN, ("checkpoint_every", AT_THE_END)))
 
 # The ASU seed's strategies on the mesh engine, a worker's batch the same in
 # each: one device (sgd: every table's baseline), data parallel (2 workers),
