@@ -233,12 +233,13 @@ def test_a_batched_op_lists_the_workers_it_computes_for_not_all_of_them():
 
 @pytest.mark.parametrize("name", marks.default_first(["asp", "gosgd"]))
 def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
-  """A batched op of more than `chunk_rows` rows, computed 64 rows at a time
-  (the last chunk overlapping the one before), gives every row, and the
-  step's metric sums, the bits of the op computed whole: for all M workers
-  masked and for K gathered rows with padding. What its program holds
-  beside the (donated) states is a chunk's, whatever K: twice the rows add
-  less than one worker's state to it, and at least 50 to the whole op's."""
+  """A batched op of many rows, computed a chunk at a time (K gathered rows
+  with padding: 64 rows, the last chunk overlapping the one before; all M
+  workers, masked: only the computing rows, PENDING_ROWS at a time), gives
+  every row, and the step's metric sums, the bits of the op computed whole.
+  What its program holds beside the (donated) states is a chunk's, whatever
+  K: twice the rows add less than one worker's state to it, and at least 50
+  to the whole op's."""
   import jax
   import numpy as np
 
@@ -256,8 +257,9 @@ def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
       if np.issubdtype(x.dtype, np.floating) else x, workers)
   kind = "compute" if "compute" in event_functions(setup.algorithm) else "local"
   sums = _zero_sums(metric_names(trace_gradient(setup.problem, setup.streams.example, 1)))
-  fn = lambda m, chunk_rows: handlers(setup.algorithm, m, sum(setup.streams.batch_sizes),
-                                      batches.pad, chunk_rows)[kind]
+  whole = (10**6, 10**6)  # (chunk_rows, pending_from): no chunks
+  fn = lambda m, limits=(): handlers(setup.algorithm, m, sum(setup.streams.batch_sizes),
+                                     batches.pad, *limits)[kind]
 
   def op(k):
     if k == m:  # 150 = 2 x 64 + 22
@@ -269,24 +271,24 @@ def test_a_batched_gradient_in_chunks_gives_the_bits_of_the_whole_op(name):
     index[~mask] = batches.pad
     return BatchArrays(mask, rows, index, np.stack([rows, rows % 3], 1), np.int32(0))
 
-  def temp(k, chunk_rows, times):
+  def temp(k, limits, times):
     """The bytes beside its arguments of the program of an op of `times` x k
     rows, with `times` x M workers."""
     scale = lambda x: jax.ShapeDtypeStruct(
         (x.shape[0] * times, *x.shape[1:]) if np.ndim(x) else (), x.dtype)
-    program = jax.jit(fn(m * times, chunk_rows), donate_argnums=(0, 1)).lower(
+    program = jax.jit(fn(m * times, limits), donate_argnums=(0, 1)).lower(
         server, jax.tree.map(scale, workers), sums, jax.tree.map(scale, op(k)), batches.data)
     return program.compile().memory_analysis().temp_size_in_bytes
 
   row = sum(x[0].nbytes for x in jax.tree.leaves(workers))  # one worker's state
   for k in (m, 136):
     arrays = op(k)
-    whole, chunked = (jax.device_get(jax.jit(fn(m, chunk_rows))(
-        server, workers, sums, arrays, batches.data)) for chunk_rows in (10**6, 64))
-    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
+    at_once, chunked = (jax.device_get(jax.jit(fn(m, limits))(
+        server, workers, sums, arrays, batches.data)) for limits in (whole, ()))
+    for a, b in zip(jax.tree.leaves(at_once), jax.tree.leaves(chunked)):
       np.testing.assert_array_equal(a, b)
-    assert temp(k, 64, 2) < temp(k, 64, 1) + row  # (K metrics and batch rows grow)
-    assert temp(k, 10**6, 2) > temp(k, 10**6, 1) + 50 * row
+    assert temp(k, (), 2) < temp(k, (), 1) + row  # (K metrics and batch rows grow)
+    assert temp(k, whole, 2) > temp(k, whole, 1) + 50 * row
 
 
 _CORES_AFTER = """

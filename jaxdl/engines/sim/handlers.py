@@ -83,50 +83,32 @@ def _keep(old, new, mask):
 
 
 def _in_chunks(fn, workers, op, data, weights_of, chunk: int, num_workers: int):
-  """A batched op's K rows, `chunk` at a time, each chunk written into the
-  (donated) stacked `workers` before the next is computed -> (workers, the
-  rows' metrics). What the op holds beside the states is then a chunk's
-  gradients and activations, whatever K (asp's 1,024 workers on the mlp:
-  14 MB, against 166 MB for the op computed whole; BENCHMARKS.md).
+  """A gathered op's K rows, `chunk` at a time, each chunk gathered and
+  written into the (donated) stacked `workers` (padding rows, worker M, and
+  rows not in `op.mask` dropped) before the next is computed -> (workers,
+  the rows' metrics). What the op holds beside the states is then a chunk's
+  gradients and activations, whatever K.
 
-  K = M (`num_workers`): chunks are contiguous slices of the states, rows
-  kept where `op.mask`; else the chunk's rows are gathered and scattered
-  back (padding rows, worker M, dropped). Every chunk has `chunk` rows, a
-  last one too (it overlaps the one before; only its rows not yet written
-  are): XLA's CPU code rounded the mlp's vmapped gradient of fewer than 64
-  rows otherwise than one of more, and chunks of 64 gave each row the bits
-  of the op computed whole, from 100 to 1,024 rows
+  Every chunk has `chunk` rows, a last one too (it overlaps the one before;
+  only its rows not yet written are): XLA's CPU code rounded the mlp's
+  vmapped gradient of fewer than 64 rows otherwise than one of more, and
+  chunks of 64 gave each row the bits of the op computed whole
   (`tests/engines/test_sim.py`)."""
   k = op.mask.shape[0]
-  every_worker = k == num_workers
 
   def part(start, skip, workers, metrics):
     """Rows start, ..., start + chunk - 1, the first `skip` already written."""
     take = lambda x: lax.dynamic_slice_in_dim(x, start, chunk)
     index, fresh = take(op.index), jnp.arange(chunk) >= skip
-    batch = Batch(_rows(data, index), weights_of(index), take(op.ids))
-    if every_worker:
-      taken = jax.tree.map(take, workers)
-      new, values = fn(taken, batch)
-      new = _keep(taken, new, take(op.mask) & fresh)
-      workers = jax.tree.map(
-          lambda x, n, o: x if n is o else lax.dynamic_update_slice_in_dim(x, n, start, 0),
-          workers, new, taken)
-    else:
-      rows = jnp.where(fresh, take(op.rows), num_workers)
-      taken = _gather(workers, rows)
-      new, values = fn(taken, batch)
-      workers = _scatter(workers, rows, new, taken)
+    rows = jnp.where(fresh & take(op.mask), take(op.rows), num_workers)
+    taken = _gather(workers, rows)
+    new, values = fn(taken, Batch(_rows(data, index), weights_of(index), take(op.ids)))
+    workers = _scatter(workers, rows, new, taken)
     metrics = {name: lax.dynamic_update_slice_in_dim(
         v, jnp.where(fresh, values[name], take(v)), start, 0) for name, v in metrics.items()}
     return workers, metrics
 
-  def shapes(workers):
-    index = op.index[:chunk]
-    batch = Batch(_rows(data, index), weights_of(index), op.ids[:chunk])
-    return fn(jax.tree.map(lambda x: x[:chunk], workers), batch)[1]
-  metrics = {name: jnp.zeros((k, *v.shape[1:]), v.dtype)
-             for name, v in jax.eval_shape(shapes, workers).items()}
+  metrics = _zero_metrics(fn, workers, op, data, weights_of, chunk, k)
 
   def body(i, carry):
     start = jnp.minimum(i * chunk, k - chunk)
@@ -134,19 +116,65 @@ def _in_chunks(fn, workers, op, data, weights_of, chunk: int, num_workers: int):
   return lax.fori_loop(0, -(-k // chunk), body, (workers, metrics))
 
 
+def _pending(fn, workers, op, data, weights_of, chunk: int, num_workers: int):
+  """An op over all M workers (masked) that computes only the rows of
+  `op.mask`, in worker order, `chunk` at a time: ceil(count / chunk) chunks,
+  each gathered and written back (rows past the count: worker M, dropped)
+  -> (workers, the M rows' metrics, zero where no worker computes). Rows
+  whose gradient waits in the states are not computed again: at 32 workers
+  a masked op of the bench's schedule recomputed 17% of its rows
+  (BENCHMARKS.md)."""
+  m = num_workers
+  count = jnp.sum(op.mask, dtype=jnp.int32)
+  order = jnp.concatenate([jnp.argsort(~op.mask, stable=True).astype(jnp.int32),
+                           jnp.full((chunk,), m, jnp.int32)])
+  metrics = _zero_metrics(fn, workers, op, data, weights_of, chunk, m)
+
+  def body(i, carry):
+    workers, metrics = carry
+    rows = jnp.where(i * chunk + jnp.arange(chunk) < count,
+                     lax.dynamic_slice_in_dim(order, i * chunk, chunk), m)
+    index = op.index[rows]  # (clamped for the rows past the count)
+    taken = _gather(workers, rows)
+    new, values = fn(taken, Batch(_rows(data, index), weights_of(index), op.ids[rows]))
+    metrics = {k: v.at[rows].set(values[k], mode="drop", unique_indices=True)
+               for k, v in metrics.items()}
+    return _scatter(workers, rows, new, taken), metrics
+  return lax.fori_loop(0, (count + chunk - 1) // chunk, body, (workers, metrics))
+
+
+def _zero_metrics(fn, workers, op, data, weights_of, chunk: int, k: int):
+  """Zeros for the metrics of k rows, shaped as `fn` reports them."""
+  def shapes(workers):
+    index = op.index[:chunk]
+    batch = Batch(_rows(data, index), weights_of(index), op.ids[:chunk])
+    return fn(jax.tree.map(lambda x: x[:chunk], workers), batch)[1]
+  return {name: jnp.zeros((k, *v.shape[1:]), v.dtype)
+          for name, v in jax.eval_shape(shapes, workers).items()}
+
+
 CHUNK_ROWS = 64
-"""A batched op of more rows computes them this many at a time (`_in_chunks`):
-a program of as many rows as before for every op of up to 64 rows (any run
-of at most 64 workers: the same programs, the same bits), and one whose
-rows round as the whole op's for the mlp."""
+"""A gathered op of more rows computes them this many at a time
+(`_in_chunks`): a program of as many rows as before for every op of up to 64
+rows, and one whose rows round as the whole op's for the mlp."""
+
+PENDING_FROM, PENDING_ROWS = 32, 4
+"""With at least PENDING_FROM workers, an op over all of them computes only
+the rows of the workers computing, PENDING_ROWS at a time (`_pending`).
+Fewer workers' ops compute every row, masked: on the mlp (CPU), chunks at 8
+workers cost more than the rows they spare, at 16 as much, and at 32 and 64
+workers the step fell from 1.46-1.55 to 1.19-1.27 and from 1.46 to 1.36
+times the floor (bench.sim_asp; BENCHMARKS.md)."""
 
 
 def handlers(algorithm: Family, num_workers: int, global_batch: int,
-             pad: int, chunk_rows: int = CHUNK_ROWS) -> dict[str, Callable]:
+             pad: int, chunk_rows: int = CHUNK_ROWS,
+             pending_from: int = PENDING_FROM) -> dict[str, Callable]:
   """Each op kind's handler (see the module's docstring). An example's
   weight is 1/B (`global_batch`), a padding row's (index `pad`) 0: batches
-  of any size, whatever the partition of B at their step. A batched op of
-  more than `chunk_rows` rows computes them `chunk_rows` at a time."""
+  of any size, whatever the partition of B at their step. A gathered op of
+  more than `chunk_rows` rows computes them `chunk_rows` at a time; an op
+  over all M workers, M >= `pending_from`, only its computing rows."""
   weight = np.float32(1.0 / global_batch)
   weights_of = lambda index: jnp.where(index == pad, jnp.float32(0.0), weight)
   add = lambda sums, values, count: ({k: v + values[k] for k, v in sums[0].items()},
@@ -168,17 +196,22 @@ def handlers(algorithm: Family, num_workers: int, global_batch: int,
   fns = event_functions(algorithm)
 
   def batched(fn):
-    """Over all M workers, masked (K = M), or over the K rows computing,
-    gathered and written back: the work of K gradients, not M."""
+    """Over all M workers, masked (K = M; from `pending_from` workers only
+    the rows computing), or over the K rows computing, gathered and written
+    back: the work of K gradients, not M."""
     fn = jax.vmap(fn)
 
     def run(server, workers, sums, op, data):
       weights = weights_of(op.index)
       share = weights.sum(axis=1)  # metric shares -> each worker's own means
-      if op.mask.shape[0] > chunk_rows:
+      every_worker = op.mask.shape[0] == num_workers
+      if every_worker and num_workers >= pending_from:
+        workers, metrics = _pending(fn, workers, op, data, weights_of, PENDING_ROWS,
+                                    num_workers)
+      elif op.mask.shape[0] > chunk_rows:
         workers, metrics = _in_chunks(fn, workers, op, data, weights_of, chunk_rows,
                                       num_workers)
-      elif op.mask.shape[0] == num_workers:
+      elif every_worker:
         new, metrics = fn(workers, Batch(_rows(data, op.index), weights, op.ids))
         workers = _keep(workers, new, op.mask)
       else:

@@ -3,7 +3,9 @@
   "vmap": pending gradients in one op, vmapped over the workers' stacked
       pulled versions (all M workers, masked, or only the K computing,
       gathered: `handlers.BatchArrays`), 64 rows at a time in a loop when
-      there are more (`handlers.CHUNK_ROWS`).
+      there are more (`handlers.CHUNK_ROWS`); from 32 workers an op over
+      all of them computes only its computing rows, 4 at a time in a loop
+      (`handlers.PENDING_FROM`).
   "loop": gradients one worker at a time, with no control flow around
       them. On the CPU, convolutions vmapped over parameters (grouped
       convolutions), or inside a loop or a conditional, ran 4x to 5x slower
