@@ -163,7 +163,7 @@ PENDING_FROM, PENDING_ROWS = 32, 4
 the rows of the workers computing, PENDING_ROWS at a time (`_pending`).
 Fewer workers' ops compute every row, masked: on the mlp (CPU), chunks at 8
 workers cost more than the rows they spare, at 16 as much, and at 32 and 64
-workers the step fell from 1.46-1.55 to 1.19-1.27 and from 1.46 to 1.36
+workers the step fell from 1.41-1.52 to 1.25-1.34 and from 1.47 to 1.30
 times the floor (bench.sim_asp; BENCHMARKS.md)."""
 
 
