@@ -69,6 +69,14 @@ def _scatter(tree, rows, value, taken):
       for i, (x, v) in enumerate(zip(leaves, values))])
 
 
+def _gathered(fn, workers, rows, index, ids, data, weights_of):
+  """`fn` over the `rows` of the stacked `workers` on the batches `index`,
+  written back (rows M dropped) -> (workers, the rows' metrics)."""
+  taken = _gather(workers, rows)
+  new, values = fn(taken, Batch(_rows(data, index), weights_of(index), ids))
+  return _scatter(workers, rows, new, taken), values
+
+
 def _rows(data, index):
   """The rows `index` of every field of the data table."""
   return jax.tree.map(lambda x: x[index], data)
@@ -101,9 +109,7 @@ def _in_chunks(fn, workers, op, data, weights_of, chunk: int, num_workers: int):
     take = lambda x: lax.dynamic_slice_in_dim(x, start, chunk)
     index, fresh = take(op.index), jnp.arange(chunk) >= skip
     rows = jnp.where(fresh & take(op.mask), take(op.rows), num_workers)
-    taken = _gather(workers, rows)
-    new, values = fn(taken, Batch(_rows(data, index), weights_of(index), take(op.ids)))
-    workers = _scatter(workers, rows, new, taken)
+    workers, values = _gathered(fn, workers, rows, index, take(op.ids), data, weights_of)
     metrics = {name: lax.dynamic_update_slice_in_dim(
         v, jnp.where(fresh, values[name], take(v)), start, 0) for name, v in metrics.items()}
     return workers, metrics
@@ -134,12 +140,11 @@ def _pending(fn, workers, op, data, weights_of, chunk: int, num_workers: int):
     workers, metrics = carry
     rows = jnp.where(i * chunk + jnp.arange(chunk) < count,
                      lax.dynamic_slice_in_dim(order, i * chunk, chunk), m)
-    index = op.index[rows]  # (clamped for the rows past the count)
-    taken = _gather(workers, rows)
-    new, values = fn(taken, Batch(_rows(data, index), weights_of(index), op.ids[rows]))
-    metrics = {k: v.at[rows].set(values[k], mode="drop", unique_indices=True)
-               for k, v in metrics.items()}
-    return _scatter(workers, rows, new, taken), metrics
+    # (op.index and op.ids clamped for the rows past the count)
+    workers, values = _gathered(fn, workers, rows, op.index[rows], op.ids[rows], data,
+                                weights_of)
+    return workers, {k: v.at[rows].set(values[k], mode="drop", unique_indices=True)
+                     for k, v in metrics.items()}
   return lax.fori_loop(0, (count + chunk - 1) // chunk, body, (workers, metrics))
 
 
@@ -215,9 +220,7 @@ def handlers(algorithm: Family, num_workers: int, global_batch: int,
         new, metrics = fn(workers, Batch(_rows(data, op.index), weights, op.ids))
         workers = _keep(workers, new, op.mask)
       else:
-        taken = _gather(workers, op.rows)
-        new, metrics = fn(taken, Batch(_rows(data, op.index), weights, op.ids))
-        workers = _scatter(workers, op.rows, new, taken)
+        workers, metrics = _gathered(fn, workers, op.rows, op.index, op.ids, data, weights_of)
       share = jnp.where(op.mask, share, 1.0)  # a worker not computing: no batch
       means = {k: jnp.sum(v / share * op.mask) for k, v in metrics.items()}
       return server, workers, add(sums, means, jnp.sum(op.mask, dtype=jnp.float32))
