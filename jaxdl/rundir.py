@@ -187,9 +187,11 @@ class MetricsLog:
 
   def _truncate_after(self, step: int) -> None:
     # Records past the checkpoint came from the interrupted run and will be
-    # written again by the resumed one.
-    kept = [line for line in self._path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step]
+    # written again by the resumed one; so will a last line without its
+    # newline (a record that a killed process left half written).
+    lines = self._path.read_text().splitlines(keepends=True)
+    kept = [line.rstrip("\n") for line in lines
+            if line.endswith("\n") and line.strip() and json.loads(line)["step"] <= step]
     tmp = self._path.with_name(METRICS + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, self._path)

@@ -291,7 +291,7 @@ class _Training:
     """The events of the steps before the checkpoint resumed from, from the
     trace.jsonl written with it."""
     path = self.out / rundir.TRACE
-    events = list(trace.read_trace(path)) if path.exists() else []
+    events = list(trace.read_trace(path, torn_tail=True)) if path.exists() else []
     ends = trace.step_ends(events, self.s.streams.batch_sizes)
     return events[:ends[self.start - 1] + 1] if len(ends) >= self.start else events
 

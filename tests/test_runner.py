@@ -1,6 +1,7 @@
 """End to end: jaxdl.run writes a complete run directory, reproducibly."""
 import json
 import os
+import shutil
 import socket
 
 import jax
@@ -135,6 +136,30 @@ def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tmp_path):
   assert [e["iteration"] for e in trace] == list(range(88))
   times = [e["time"] for e in trace]
   assert times == sorted(times)
+
+
+def test_a_run_killed_while_writing_its_trace_and_metrics_resumes(tmp_path):
+  """A process killed while it appended to trace.jsonl and metrics.jsonl
+  (the checkpoint at 88 not saved) leaves each a last line without its
+  newline: the resumed run leaves those out and ends as the uninterrupted
+  run, its two files whole."""
+  out = tmp_path / "run"
+  config = RunConfig.make(out=str(out), checkpoint_every=30, **QUICK)
+  reference = jaxdl.run(config)
+  records = (out / "metrics.jsonl").read_text()
+  shutil.rmtree(out / "checkpoints" / "88")
+  (out / "summary.json").unlink()
+  with open(out / "trace.jsonl", "a") as f:
+    f.write('{"time": 9.5, "kind": "st')
+  with open(out / "metrics.jsonl", "a") as f:
+    f.write('{"step": 90, "epo')
+  resumed = jaxdl.run(config.replace(resume=True))
+  assert resumed["params_fingerprint"] == reference["params_fingerprint"]
+  trace = (out / "trace.jsonl").read_text().splitlines()
+  assert [json.loads(line)["iteration"] for line in trace] == list(range(88))
+  kept = lambda text: [{k: v for k, v in json.loads(line).items()
+                        if k not in ("wall_time_s", "samples_per_s")} for line in text.splitlines()]
+  assert kept((out / "metrics.jsonl").read_text()) == kept(records)
 
 
 def test_resume_refuses_a_different_config(tmp_path):

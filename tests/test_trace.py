@@ -37,6 +37,30 @@ def test_write_and_read_a_schedule(tmp_path):
   assert list(read_trace(str(path))) == events
 
 
+def test_a_whole_write_that_fails_leaves_the_trace_as_it_was(tmp_path):
+  path = tmp_path / "trace.jsonl"
+  write_trace(path, [Event(0.0, "pull", 0, 0)])
+  before = path.read_text()
+
+  def events():
+    yield Event(1.0, "pull", 1, 0)
+    raise KeyboardInterrupt  # the process stopped midway
+
+  with pytest.raises(KeyboardInterrupt):
+    write_trace(path, events())
+  assert path.read_text() == before
+
+
+def test_a_torn_last_line_is_left_out_where_asked(tmp_path):
+  path = tmp_path / "trace.jsonl"
+  write_trace(path, [Event(0.0, "pull", 0, 0)])
+  with open(path, "a") as f:
+    f.write('{"time": 1.0, "kind": "pu')  # an append cut short
+  assert list(read_trace(path, torn_tail=True)) == [Event(0.0, "pull", 0, 0)]
+  with pytest.raises(ValueError, match="line 2"):
+    list(read_trace(path))
+
+
 def test_every_event_kind_is_known_and_documented():
   import jaxdl.trace
   assert KINDS == ("pull", "apply", "local", "exchange", "send", "gossip", "average", "step",
