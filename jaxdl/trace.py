@@ -103,13 +103,12 @@ def write_trace(path, events: Iterable[Event], append: bool = False) -> None:
   leaves the file as it was. An append killed midway leaves a last line
   without its newline, which a resumed run's reading leaves out (`read_trace`)."""
   path = Path(path)
-  if append:
-    with open(path, "a") as f:
-      f.write("".join(event.to_json() + "\n" for event in events))
-    return
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text("".join(event.to_json() + "\n" for event in events))
-  os.replace(tmp, path)
+  target = path if append else path.with_name(path.name + ".tmp")
+  with open(target, "a" if append else "w") as f:
+    for event in events:
+      f.write(event.to_json() + "\n")
+  if not append:
+    os.replace(target, path)
 
 
 def read_trace(path, torn_tail: bool = False) -> Iterator[Event]:
