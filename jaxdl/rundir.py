@@ -133,9 +133,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def clear_run_files(out: Path) -> None:
-  """Removes what an earlier run wrote (for --overwrite); other files stay."""
-  for name in RUN_FILES:
-    path = out / name
+  """Removes what an earlier run wrote (for --overwrite), with the temporary
+  files a write killed midway left beside them; other files stay."""
+  for path in (out / f"{name}{tmp}" for name in RUN_FILES for tmp in ("", ".tmp")):
     if path.is_dir():
       shutil.rmtree(path)
     elif path.exists():

@@ -162,6 +162,20 @@ def test_a_run_killed_while_writing_its_trace_and_metrics_resumes(tmp_path):
   assert kept((out / "metrics.jsonl").read_text()) == kept(records)
 
 
+def test_overwrite_replaces_a_runs_files_and_what_a_killed_write_left(tmp_path):
+  out = tmp_path / "run"
+  jaxdl.run(RunConfig.make(out=str(out), checkpoint_every=30, **QUICK))
+  left = {"trace.jsonl.tmp", "metrics.jsonl.tmp", "summary.json.tmp"}
+  for name in left:
+    (out / name).write_text("{")  # a write that a kill cut short
+  (out / "notes.txt").write_text("mine")
+  jaxdl.run(RunConfig.make(out=str(out), overwrite=True, **QUICK))
+  assert not left & {p.name for p in out.iterdir()}
+  assert (out / "notes.txt").read_text() == "mine"
+  # the earlier run's checkpoint at step 60 is gone with it
+  assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [44, 88]
+
+
 def test_resume_refuses_a_different_config(tmp_path):
   out = tmp_path / "run"
   jaxdl.run(RunConfig.make(out=str(out), lr=0.05, **QUICK))
