@@ -125,17 +125,31 @@ def dumps(data: Any, **kwargs: Any) -> str:
   return json.dumps(finite(data), allow_nan=False, **kwargs)
 
 
+def temporary(path: Path) -> Path:
+  """Where a run file is written before it replaces `path` at once
+  (os.replace): a process killed while writing leaves the old file whole."""
+  return path.with_name(path.name + ".tmp")
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
   """Atomic write of strict JSON: a reader sees the old file or the new one, never half."""
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(dumps(data, indent=2) + "\n")
-  os.replace(tmp, path)
+  temporary(path).write_text(dumps(data, indent=2) + "\n")
+  os.replace(temporary(path), path)
+
+
+def save_trace(path: Path, events, append: bool = False) -> None:
+  """A run's trace.jsonl: written whole at once (`temporary`), or `events`
+  appended, where a kill midway leaves a last line without its newline,
+  which a resumed run's reading leaves out (trace.read_trace's `torn_tail`)."""
+  trace.write_trace(path if append else temporary(path), events, append=append)
+  if not append:
+    os.replace(temporary(path), path)
 
 
 def clear_run_files(out: Path) -> None:
   """Removes what an earlier run wrote (for --overwrite), with the temporary
   files a write killed midway left beside them; other files stay."""
-  for path in (out / f"{name}{tmp}" for name in RUN_FILES for tmp in ("", ".tmp")):
+  for path in (p for name in RUN_FILES for p in (out / name, temporary(out / name))):
     if path.is_dir():
       shutil.rmtree(path)
     elif path.exists():
@@ -189,12 +203,10 @@ class MetricsLog:
     # Records past the checkpoint came from the interrupted run and will be
     # written again by the resumed one; so will a last line without its
     # newline (a record that a killed process left half written).
-    lines = self._path.read_text().splitlines(keepends=True)
-    kept = [line.rstrip("\n") for line in lines
+    kept = [line for line in self._path.read_text().splitlines(keepends=True)
             if line.endswith("\n") and line.strip() and json.loads(line)["step"] <= step]
-    tmp = self._path.with_name(METRICS + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, self._path)
+    temporary(self._path).write_text("".join(kept))
+    os.replace(temporary(self._path), self._path)
     self.last = json.loads(kept[-1]) if kept else {}
 
   def write(self, record: dict[str, Any]) -> None:

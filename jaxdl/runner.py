@@ -150,7 +150,7 @@ def _dry_run(setup: Setup, out: Path) -> dict[str, Any]:
              "samples_per_simulated_s": samples / figures["simulated_time_s"],
              "algorithm": setup.spec.name, "workers": setup.config.algorithm.workers,
              "model": setup.config.model.model, "dry_run": True}
-  trace.write_trace(out / rundir.TRACE, setup.engine.trace())
+  rundir.save_trace(out / rundir.TRACE, setup.engine.trace())
   rundir.write_json(out / rundir.SUMMARY, summary)
   return summary
 
@@ -311,7 +311,7 @@ class _Training:
     grows), else the whole."""
     events, n = self._trace(), len(self.written)
     grown = 0 < n <= len(events) and events[:n] == self.written
-    trace.write_trace(self.out / rundir.TRACE, events[n:] if grown else events, append=grown)
+    rundir.save_trace(self.out / rundir.TRACE, events[n:] if grown else events, append=grown)
     self.written = list(events)
 
   def _checkpoint(self, step: int) -> None:

@@ -57,8 +57,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
-from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -98,23 +96,17 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 
 
 def write_trace(path, events: Iterable[Event], append: bool = False) -> None:
-  """Writes `events` to a trace.jsonl (after those it holds: `append`). A
-  whole write replaces the file at once: a process killed while writing it
-  leaves the file as it was. An append killed midway leaves a last line
-  without its newline, which a resumed run's reading leaves out (`read_trace`)."""
-  path = Path(path)
-  target = path if append else path.with_name(path.name + ".tmp")
-  with open(target, "a" if append else "w") as f:
+  """Writes `events` to a trace.jsonl (after those it holds: `append`; a run
+  writes its own through `jaxdl.rundir.save_trace`)."""
+  with open(path, "a" if append else "w") as f:
     for event in events:
       f.write(event.to_json() + "\n")
-  if not append:
-    os.replace(target, path)
 
 
 def read_trace(path, torn_tail: bool = False) -> Iterator[Event]:
   """The events of a trace.jsonl; a ValueError names the first line that is
   not an event. `torn_tail`: a last line without its newline, an append that
-  a killed process left half written (`write_trace`), is left out."""
+  a killed process left half written (`jaxdl.rundir.save_trace`), is left out."""
   with open(path) as f:
     for number, line in enumerate(f, 1):
       if torn_tail and not line.endswith("\n"):

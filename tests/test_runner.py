@@ -11,12 +11,13 @@ import pytest
 import jaxdl
 import jaxdl.build
 import jaxdl.runner
-from jaxdl import validation
+from jaxdl import rundir, validation
 from jaxdl.algorithms import ALGORITHMS, Centralized
 from jaxdl.config import RunConfig
 from jaxdl.data import ImageFields, WorkerStreams, load_dataset
 from jaxdl.errors import ConfigError
 from jaxdl.runner import setup
+from jaxdl.trace import Event
 from tests import marks
 
 # A short run: 2 epochs of the MLP on digits (44 steps of 32 examples each).
@@ -136,6 +137,20 @@ def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tmp_path):
   assert [e["iteration"] for e in trace] == list(range(88))
   times = [e["time"] for e in trace]
   assert times == sorted(times)
+
+
+def test_a_whole_trace_write_that_fails_leaves_the_trace_as_it_was(tmp_path):
+  path = tmp_path / "trace.jsonl"
+  rundir.save_trace(path, [Event(0.0, "pull", 0, 0)])
+  before = path.read_text()
+
+  def events():
+    yield Event(1.0, "pull", 1, 0)
+    raise KeyboardInterrupt  # the process stopped midway
+
+  with pytest.raises(KeyboardInterrupt):
+    rundir.save_trace(path, events())
+  assert path.read_text() == before
 
 
 def test_a_run_killed_while_writing_its_trace_and_metrics_resumes(tmp_path):

@@ -37,20 +37,6 @@ def test_write_and_read_a_schedule(tmp_path):
   assert list(read_trace(str(path))) == events
 
 
-def test_a_whole_write_that_fails_leaves_the_trace_as_it_was(tmp_path):
-  path = tmp_path / "trace.jsonl"
-  write_trace(path, [Event(0.0, "pull", 0, 0)])
-  before = path.read_text()
-
-  def events():
-    yield Event(1.0, "pull", 1, 0)
-    raise KeyboardInterrupt  # the process stopped midway
-
-  with pytest.raises(KeyboardInterrupt):
-    write_trace(path, events())
-  assert path.read_text() == before
-
-
 def test_a_torn_last_line_is_left_out_where_asked(tmp_path):
   path = tmp_path / "trace.jsonl"
   write_trace(path, [Event(0.0, "pull", 0, 0)])
