@@ -1,6 +1,9 @@
 """The run directory: config, metrics (JSONL + TensorBoard), summary, checkpoints."""
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
@@ -105,6 +108,29 @@ def check_output(out: Path, resume: bool, overwrite: bool) -> None:
   if out.exists() and any(out.iterdir()) and not (resume or overwrite):
     raise ConfigError("out", str(out), "a new or empty directory; pass --resume to "
                       "continue the run in it, or --overwrite to replace its run files")
+
+
+@contextlib.contextmanager
+def claimed(out: Path, field: str = "out"):
+  """Holds directory `out` (made if need be) for this process while it writes
+  there: a second run or compare into it at the same time is refused, before
+  it writes, rather than mixed into this one's files (a job started twice,
+  or requeued while it still runs). The hold is the kernel's (flock on the
+  directory), so a killed process leaves none behind. Where the file system
+  has no such locks (some network file systems), nothing is held."""
+  out.mkdir(parents=True, exist_ok=True)
+  fd = os.open(out, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+      os.close(fd)
+      raise ConfigError(field, str(out), "a directory that no other run or compare is writing "
+                        "to (one is running in it now)") from None
+  try:
+    yield out
+  finally:
+    os.close(fd)  # the hold goes with it
 
 
 def finite(data: Any) -> Any:

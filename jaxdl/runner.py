@@ -1,6 +1,7 @@
 """`jaxdl.run(config)`: one training run, from a validated config to a run directory."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -16,8 +17,8 @@ from jaxdl import distributed, rundir, trace
 from jaxdl.build import Setup, assemble, build_task, prepare, resolve_task
 from jaxdl.cadence import Cadence
 from jaxdl.checkpoint import Checkpointer, abstract, placed_like
-from jaxdl.config import (ENVIRONMENT, RESOLVED, RUN_CONTROL_FIELDS, TASK_PREFIX, RunConfig,
-                          recorded)
+from jaxdl.config import (ENVIRONMENT, RESOLVED, RUN_CONTROL_FIELDS, TASK_PREFIX, OptimConfig,
+                          RunConfig, recorded)
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
 from jaxdl.engines.base import slice_of
@@ -115,31 +116,36 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
     rundir.check_output(out, config.output.resume, config.output.overwrite)
   built = with_engine(assemble(plan, task))
   try:
-    resume = config.output.resume
-    resuming = resume and (out / rundir.CONFIG).exists()
-    if resuming:
-      _check_resumable(out, config)
-    source = out / rundir.CONFIG if resuming else config.output.config
-    warning = source and rundir.environment_warning(Path(source))
-    if warning and distributed.is_main():
-      print(warning, file=sys.stderr)
-    if distributed.is_main():  # the other processes only take part in checkpoints
-      if config.output.overwrite or (resume and not resuming):
-        if out.exists():
-          rundir.clear_run_files(out)
-      out.mkdir(parents=True, exist_ok=True)
-      chosen = {"engine": built.engine_name, "batch_sizes": list(built.streams.batch_sizes),
-                "steps": built.total_steps}
-      rundir.write_json(out / rundir.CONFIG, {**recorded(config, plan.optim), RESOLVED: chosen,
-                                              ENVIRONMENT: rundir.environment()})
-      rundir.write_json(out / rundir.CLUSTER, {"processes": built.engine.processes()})
-      if announce is not None:
-        announce(out)
-    if config.output.dry_run:
-      return _dry_run(built, out)
-    return _Training(built, out, resuming).run()
+    with rundir.claimed(out) if distributed.is_main() else contextlib.nullcontext():
+      return _run_in(out, built, config, plan.optim, announce)
   finally:
     built.engine.close()
+
+
+def _run_in(out: Path, built: Setup, config: RunConfig, optim: OptimConfig,
+            announce: Callable[[Path], None] | None) -> dict[str, Any]:
+  """The run, its directory `out` held by this process (its main one)."""
+  resume = config.output.resume
+  resuming = resume and (out / rundir.CONFIG).exists()
+  if resuming:
+    _check_resumable(out, config)
+  source = out / rundir.CONFIG if resuming else config.output.config
+  warning = source and rundir.environment_warning(Path(source))
+  if warning and distributed.is_main():
+    print(warning, file=sys.stderr)
+  if distributed.is_main():  # the other processes only take part in checkpoints
+    if config.output.overwrite or (resume and not resuming):
+      rundir.clear_run_files(out)
+    chosen = {"engine": built.engine_name, "batch_sizes": list(built.streams.batch_sizes),
+              "steps": built.total_steps}
+    rundir.write_json(out / rundir.CONFIG, {**recorded(config, optim), RESOLVED: chosen,
+                                            ENVIRONMENT: rundir.environment()})
+    rundir.write_json(out / rundir.CLUSTER, {"processes": built.engine.processes()})
+    if announce is not None:
+      announce(out)
+  if config.output.dry_run:
+    return _dry_run(built, out)
+  return _Training(built, out, resuming).run()
 
 
 def _dry_run(setup: Setup, out: Path) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxdl import compare
+from jaxdl import compare, rundir
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, Grid, Variant
@@ -185,6 +185,13 @@ def test_grid_runs_resumes_and_reports_failed_cells(tmp_path):
   # The same directory with other settings is refused, naming the cell.
   with pytest.raises(ConfigError, match="lr"):
     compare.run_grid(TINY.with_run(lr=0.5), out, jobs=1, progress=False)
+
+  # A comparison still running in it (the kernel's hold, as another process
+  # has it): refused before --overwrite deletes a cell
+  with rundir.claimed(out):
+    with pytest.raises(ConfigError, match="no other run or compare is writing to"):
+      compare.run_grid(TINY, out, jobs=1, overwrite=True, progress=False)
+  assert {n: (out / n / "summary.json").stat().st_mtime_ns for n in done} == mtimes
 
 
 @pytest.mark.parametrize("name", ["ipdps21_table3", "lcasgd_table3",

@@ -3,6 +3,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -189,6 +191,40 @@ def test_overwrite_replaces_a_runs_files_and_what_a_killed_write_left(tmp_path):
   assert (out / "notes.txt").read_text() == "mine"
   # the earlier run's checkpoint at step 60 is gone with it
   assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [44, 88]
+
+
+def test_a_directory_another_run_is_writing_to_is_refused_before_anything_changes(tmp_path):
+  out = tmp_path / "run"
+  jaxdl.run(RunConfig.make(out=str(out), **QUICK))
+  files = lambda: {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+  before = files()
+  with rundir.claimed(out):  # held as a run in another process holds it
+    for flags in (dict(resume=True), dict(overwrite=True)):
+      with pytest.raises(ConfigError, match="--out=.*no other run or compare is writing to"):
+        jaxdl.run(RunConfig.make(out=str(out), **flags, **QUICK))
+  assert files() == before
+  assert sorted(int(p.name) for p in (out / "checkpoints").iterdir()) == [44, 88]
+  # a holder killed leaves the directory free
+  holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
+                            text=True)
+  try:
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(ConfigError, match="no other run or compare"):
+      jaxdl.run(RunConfig.make(out=str(out), overwrite=True, **QUICK))
+  finally:
+    holder.kill()
+    holder.wait()
+  again = jaxdl.run(RunConfig.make(out=str(out), overwrite=True, **QUICK))
+  assert again["params_fingerprint"] == json.loads(before["summary.json"])["params_fingerprint"]
+
+
+HOLDER = """import sys, time
+from pathlib import Path
+from jaxdl import rundir
+with rundir.claimed(Path(sys.argv[1])):
+  print("held", flush=True)
+  time.sleep(300)
+"""
 
 
 def test_resume_refuses_a_different_config(tmp_path):

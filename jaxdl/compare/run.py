@@ -43,11 +43,18 @@ def run_grid(grid: Grid, out: str | Path, *, jobs: int | None = None,
   check_out(out)
   cells = grid.cells()
   invalid = check_cells(grid, out, args)  # a bad shared setting fails here, before any write
-  if overwrite and out.exists():
+  with rundir.claimed(out):
+    return _run_claimed(grid, cells, invalid, out, jobs, overwrite, progress, experiment)
+
+
+def _run_claimed(grid: Grid, cells: list[Cell], invalid: dict[str, str], out: Path,
+                 jobs: int | None, overwrite: bool, progress: bool,
+                 experiment: str | None) -> dict[str, dict]:
+  """run_grid's writing part, `out` held by this process."""
+  if overwrite:
     for cell in cells:
       shutil.rmtree(out / cell.name, ignore_errors=True)
   check_existing(grid, cells, out)
-  out.mkdir(parents=True, exist_ok=True)
   rundir.write_json(out / GRID_FILE, {"grid": grid.to_dict(),
                                       "cells": [dataclasses.asdict(c) for c in cells]})
   status, todo = _recorded(cells, out, invalid)
