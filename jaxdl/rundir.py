@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import math
 import os
@@ -17,6 +16,11 @@ import jax
 from jaxdl import trace
 from jaxdl.config import ENVIRONMENT
 from jaxdl.errors import ConfigError
+
+try:
+  import fcntl
+except ImportError:  # Windows: no flock (claimed holds nothing)
+  fcntl = None
 
 CONFIG, METRICS, SUMMARY, CHECKPOINTS, TENSORBOARD, TRACE, CLUSTER = (
     "config.json", "metrics.jsonl", "summary.json", "checkpoints", "tb", "trace.jsonl",
@@ -117,8 +121,12 @@ def claimed(out: Path, field: str = "out"):
   it writes, rather than mixed into this one's files (a job started twice,
   or requeued while it still runs). The hold is the kernel's (flock on the
   directory), so a killed process leaves none behind. Where the file system
-  has no such locks (some network file systems), nothing is held."""
+  has no such locks (some network file systems) and on Windows, nothing
+  is held."""
   out.mkdir(parents=True, exist_ok=True)
+  if fcntl is None:
+    yield out
+    return
   fd = os.open(out, os.O_RDONLY)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
