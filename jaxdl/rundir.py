@@ -199,19 +199,26 @@ def step_times(path: Path, batch_sizes) -> list[float]:
 
 
 def evaluations(run: Path, summary: dict[str, Any], workers: int) -> list[dict[str, Any]]:
-  """Every record of a run's metrics.jsonl: step, epoch, time (simulated, for
-  a run whose summary has a simulated time and whose trace is there; else
-  wall) and score, the summary's target metric (None between evaluations)."""
+  """Every record of a run's metrics.jsonl: step, epoch, time (simulated, from
+  the trace, for a run whose summary has a simulated time; else wall) and
+  score, the summary's target metric (None between evaluations). A simulated
+  run whose trace is missing (OSError) or ends before its last record
+  (ValueError) has no times: its wall seconds are not simulated ones."""
   path = run / METRICS
   if not path.exists():
     return []
   records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  simulated = "simulated_time_s" in summary and (run / TRACE).exists()
-  sizes = summary.get("batch_sizes") or workers
-  ends = step_times(run / TRACE, sizes) if simulated and records else []
+  if "simulated_time_s" not in summary or not records:
+    ends = None
+  else:
+    ends = step_times(run / TRACE, summary.get("batch_sizes") or workers)
+    last = max(r["step"] for r in records)
+    if last > len(ends):
+      raise ValueError(f"{TRACE} ends at step {len(ends)}, before the record of step {last} "
+                       "in metrics.jsonl: the simulated times of its steps are not all there")
   metric = summary.get("target_metric", "test_accuracy")
   return [{"step": r["step"], "epoch": r["epoch"], "score": r.get(metric),
-           "time": ends[r["step"] - 1] if r["step"] <= len(ends) else r["wall_time_s"]}
+           "time": r["wall_time_s"] if ends is None else ends[r["step"] - 1]}
           for r in records]
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 import warnings
@@ -102,7 +103,8 @@ def run(config: RunConfig | None = None, *, task: Task | None = None,
     The summary (summary.json's content).
 
   Raises:
-    ConfigError: bad input, before anything is written.
+    ConfigError: bad input, or an `out` that another run or compare is writing
+      to now; before anything is written.
   """
   config, task = resolve_task((config or RunConfig()).replace(**overrides), task)
   plan = validate(config)
@@ -214,11 +216,28 @@ class _Training:
     self.last_train = {"loss": float("nan") if last_loss is None else last_loss}
     self.diverged: dict[str, Any] | None = None
 
+  def _finished(self) -> dict[str, Any] | None:
+    """The summary of a run resumed after its last step, where it had written
+    one: as it is (a real engine's figures were measured in the process
+    that ran the steps; a process that runs none would measure nothing)."""
+    path = self.out / rundir.SUMMARY
+    if self.start < self.s.total_steps or not path.exists():
+      return None
+    try:
+      summary = json.loads(path.read_text())
+    except ValueError:
+      return None
+    return summary if summary.get("status") == "completed" and \
+        summary.get("steps") == self.s.total_steps else None
+
   def _elapsed(self) -> float:
     return self.wall_offset + time.perf_counter() - self.t0
 
   def run(self) -> dict[str, Any]:
     s = self.s
+    finished = self._finished()
+    if finished is not None:
+      return finished
     self.t0 = time.perf_counter()
     bar = tqdm(total=s.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                disable=not (s.config.output.progress and distributed.is_main()),
@@ -357,6 +376,12 @@ class _Training:
         **s.engine.figures(),
         **s.engine.report(self.state),
     }
+    if self.start and not s.engine.simulated:
+      # A real engine measures in the process that runs the steps: resumed,
+      # its traffic, waits, batch times, trace time, staleness and CPU
+      # seconds are those of the steps after this one (trace.jsonl, the wall
+      # time and samples/s are the whole run's).
+      summary["measured_from_step"] = self.start
     summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
       self._write_trace()

@@ -441,6 +441,29 @@ def test_report_of_no_readable_run_is_refused(tmp_path, capsys, asp_run, summary
   assert "no run is readable (asp-m4: " in line
 
 
+@pytest.mark.parametrize("damage, says", [
+    ("missing", "No such file or directory"), ("empty", "trace.jsonl ends at step 0"),
+    ("cut", "before the record of step 4 in metrics.jsonl")])
+def test_a_simulated_run_without_its_whole_trace_is_skipped(tmp_path, capsys, asp_run, damage,
+                                                           says):
+  """Its times are the trace's simulated ones: without them the report
+  skips it, saying why, rather than reading its wall seconds as simulated."""
+  directory = tmp_path / "cmp"
+  for name in ("asp-m4", "asp-m4-again"):
+    shutil.copytree(asp_run, directory / name)
+  trace = directory / "asp-m4" / "trace.jsonl"
+  events = trace.read_text().splitlines(keepends=True)
+  if damage == "missing":
+    trace.unlink()
+  else:  # cut to the steps before the last
+    trace.write_text("" if damage == "empty" else "".join(events[:len(events) // 2]))
+  assert main(["report", str(directory)]) == 0
+  err = capsys.readouterr().err
+  assert "skipping cell asp-m4: its run files are unreadable" in err and says in err, err
+  report = (directory / "report.md").read_text()
+  assert "\n1 training run, 0 timing runs, on the sim engine." in report
+
+
 def test_tyros_box_without_its_hook_is_one_line(tmp_path, capsys, monkeypatch):
   """Where tyro has no parse-error hook, its box is caught and put on one line."""
   monkeypatch.setattr(parsing, "_ON_PARSE_ERROR", None)

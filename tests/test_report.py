@@ -10,6 +10,7 @@ import pytest
 import jaxdl
 from jaxdl import plots, report, rundir
 from jaxdl.report import intervals
+from jaxdl.report import tables as report_tables
 from jaxdl.algorithms import ALGORITHMS
 from jaxdl.cli import main
 from jaxdl.compare import DEFAULT_GRID, GRIDS
@@ -25,7 +26,8 @@ from tests.registry_cases import (DEFAULT_ALGORITHMS, ENGINE_CASES, assert_table
 
 def _run_dir(root, name, summary, evals=(), trace_times=None, **config):
   """A fake run directory: config, summary, metrics (test accuracy per step)
-  and, for simulated runs, a trace with one apply event per worker iteration."""
+  and, for simulated runs, a trace with one apply event per worker iteration
+  (`trace_times`; by default each record's step at its wall time)."""
   out = root / name
   out.mkdir(parents=True)
   (out / "config.json").write_text(RunConfig.make(**config).to_json())
@@ -33,6 +35,12 @@ def _run_dir(root, name, summary, evals=(), trace_times=None, **config):
   (out / "metrics.jsonl").write_text("".join(
       json.dumps({"step": s, "epoch": s / 2, "train_loss": 1.0, "wall_time_s": w,
                   "test_accuracy": a}) + "\n" for s, a, w in evals))
+  if trace_times is None and "simulated_time_s" in summary and evals:
+    # a simulated run's times are its trace's: each step's M applies at the
+    # time of the first record from that step on
+    m = RunConfig.make(**config).algorithm.workers
+    trace_times = [next(w for s, _, w in sorted(evals) if s >= step)
+                   for step in range(1, max(s for s, _, _ in evals) + 1) for _ in range(m)]
   if trace_times is not None:
     (out / "trace.jsonl").write_text("".join(
         json.dumps({"time": t, "kind": "apply", "worker": 0, "iteration": 0}) + "\n"
@@ -535,3 +543,16 @@ def test_a_cell_whose_seeds_partly_diverged_says_over_how_many(tmp_path):
   assert table(printed, "Test accuracy")["2"] == {
       "asp": f"0.8500 ± {half:.4f} (2 of 3 seeds)", "ssp_s3": report.DIVERGED}
   assert table(printed, "Speedup")["ssp_s3 ×2"]["time (s)"] == "diverged at step 2, 2, 2"
+
+
+def test_a_cell_resumed_on_a_real_engine_says_after_which_step_its_figures_were_measured(
+    tmp_path):
+  for name, resumed in (("asp-m4", {"measured_from_step": 6}), ("asp-m2", {})):
+    _run_dir(tmp_path, name, {"samples": 1000, "test_accuracy": 0.9, "wall_time_s": 2.0,
+                              "engine": "ray", **resumed},
+             evals=[(12, 0.9, 2.0)], algorithm="asp", workers=int(name[-1]), engine="ray")
+  printed = report.Report(tmp_path).tables()
+  section = printed.split("### Cells resumed on a real engine\n\n")[1]
+  assert section.startswith(report_tables.RESUMED_NOTE)
+  assert section[len(report_tables.RESUMED_NOTE):].splitlines()[0] == "- `asp-m4`: after step 6"
+  assert "asp-m2" not in section

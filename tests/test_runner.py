@@ -238,12 +238,36 @@ def test_resume_refuses_a_different_config(tmp_path):
 
 def test_resume_of_a_finished_run_changes_nothing(tmp_path):
   out = tmp_path / "run"
-  first = jaxdl.run(RunConfig.make(out=str(out), **QUICK))
+  first = jaxdl.run(RunConfig.make(out=str(out), checkpoint_every=30, **QUICK))
+  assert first["engine"] == "mesh" and "measured_from_step" not in first
+  written = {name: (out / name).read_bytes() for name in ("summary.json", "metrics.jsonl",
+                                                          "trace.jsonl")}
   again = jaxdl.run(RunConfig.make(out=str(out), resume=True, **QUICK))
-  assert again["params_fingerprint"] == first["params_fingerprint"]
-  assert again["test_accuracy"] == first["test_accuracy"]
+  assert again == json.loads(written["summary.json"])  # its figures as measured, unchanged
+  assert {name: (out / name).read_bytes() for name in written} == written
   trace = (out / "trace.jsonl").read_text().splitlines()
   assert [json.loads(line)["iteration"] for line in trace] == list(range(88))
+  # killed after its last checkpoint, before its summary: a real engine's
+  # figures are then those of the steps after 88 (none), and say so
+  (out / "summary.json").unlink()
+  again = jaxdl.run(RunConfig.make(out=str(out), resume=True, **QUICK))
+  assert again["params_fingerprint"] == first["params_fingerprint"]
+  assert again["measured_from_step"] == 88
+  # resumed at step 60: the same bits, its figures measured after step 60
+  shutil.rmtree(out / "checkpoints" / "88")
+  again = jaxdl.run(RunConfig.make(out=str(out), resume=True, **QUICK))
+  assert again["params_fingerprint"] == first["params_fingerprint"]
+  assert again["measured_from_step"] == 60
+  # the simulator's figures are its whole schedule's, resumed or not
+  sim = dict(QUICK, engine="sim", algorithm="asp", workers=2, checkpoint_every=30,
+             out=str(tmp_path / "sim"))
+  whole = jaxdl.run(RunConfig.make(**sim))
+  checkpoints = tmp_path / "sim" / "checkpoints"
+  shutil.rmtree(checkpoints / str(max(int(p.name) for p in checkpoints.iterdir())))
+  resumed = jaxdl.run(RunConfig.make(resume=True, **sim))
+  assert "measured_from_step" not in resumed
+  for figure in ("bytes_total", "staleness_histogram", "batches_per_worker", "wait_s"):
+    assert resumed[figure] == whole[figure], figure
 
 
 def test_config_json_records_the_environment_and_a_resume_on_another_warns(tmp_path, capsys):

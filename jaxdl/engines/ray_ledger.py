@@ -60,6 +60,7 @@ class Ledger:
     self.batch_seconds = [[0.0, 0] for _ in range(self.m)]  # per worker: sum, count
     self.done_steps, self.samples = 0, 0
     self.finished = False
+    self.cpu_s = (0.0, None)  # (its own, the machine's) CPU seconds since `begin`
     self.sums, self.count, self.names = {}, 0, set()
     self.snapshots: dict[int, Any] = {}
     self.changed = asyncio.Condition()
@@ -80,7 +81,6 @@ class Ledger:
     if step:
       self.restore(state, step)
     self.start, self.cpu_start = time.time(), _cpu_seconds()
-    self.cpu_s = (0.0, None)
 
   def state(self, server=None, workers=None, clocks=None):
     """The run's state, as host arrays: the server, every worker's state

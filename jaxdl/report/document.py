@@ -33,8 +33,9 @@ class Report(Tables):
                                  if "engine" in c.summary))
     on = f", on the {' and '.join(engines)} engine{'s' * (len(engines) > 1)}" if engines else ""
     intro = (f"# Comparison: {self.directory.name}\n\n"
-             f"{len(self.train)} training runs, {len(self.timing)} timing runs{on}. Time is "
-             f"simulated time for sim runs, wall time otherwise. Metric: {self.label}. "
+             f"{runs(len(self.train), 'training')}, {runs(len(self.timing), 'timing')}{on}. "
+             "Time is simulated time for sim runs, wall time otherwise. "
+             f"Metric: {self.label}. "
              "Degradation = (error − one-worker SGD's error) / SGD's error; speedup = "
              f"samples/s over one-worker SGD's on the same network; target {self.label} "
              f"{self.target:.2f}.\n\n")
@@ -43,3 +44,7 @@ class Report(Tables):
     path.write_text(intro + self.tables() + "\n### Plots\n\n" + figures + "\n")
     return path
 
+
+def runs(n: int, kind: str) -> str:
+  """'1 training run', '2 training runs'."""
+  return f"{n} {kind} run{'s' * (n != 1)}"

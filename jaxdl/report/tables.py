@@ -42,6 +42,10 @@ from jaxdl.report.markdown import fmt, table
 from jaxdl.report.prediction import prediction_note, prediction_table
 from jaxdl.report.staleness import staleness_table
 
+RESUMED_NOTE = ("A real engine measures in the process that runs the steps: these cells' "
+                "traffic, waits, batch times, trace time, staleness and CPU seconds are "
+                "those of the steps after the one they resumed from (their accuracy, steps, "
+                "wall time and samples/s are the whole run's).\n\n")
 WAIT_NOTE = ("Wait is the time a worker is held by its algorithm's rule: at a synchronous "
              "step's barrier (at a parameter server, until the last gradient has arrived), "
              "by SSP's bound, or with a GoSGD push behind its last message still in flight. "
@@ -375,6 +379,10 @@ class Tables(Comparison):
     if diverged:
       parts += ["### Diverged cells (stopped; no test figures)", "\n".join(
           f"- `{c.name}`: {c.summary.get('divergence', DIVERGED)}" for c in diverged)]
+    resumed = [c for c in self.train + self.timing if c.summary.get("measured_from_step")]
+    if resumed:
+      parts += ["### Cells resumed on a real engine", RESUMED_NOTE + "\n".join(
+          f"- `{c.name}`: after step {c.summary['measured_from_step']}" for c in resumed)]
     failed = self.failures()
     if failed:
       parts += ["### Failed cells", "\n".join(f"- `{n}`: {e}" for n, e in failed)]

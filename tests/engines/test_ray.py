@@ -67,8 +67,9 @@ def _replayed(tmp_path):
     marks.slow("lc_asgd", {"servers": 2})])
 def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, settings):
   m, k = 3, settings.get("servers", 1)
-  ray_run = jaxdl.run(RunConfig.make(algorithm=name, engine="ray", workers=m,
-                                     out=str(tmp_path / "ray"), **settings, **RUN))
+  config = RunConfig.make(algorithm=name, engine="ray", workers=m, out=str(tmp_path / "ray"),
+                          **settings, **RUN)
+  ray_run = jaxdl.run(config)
   assert ray_run["status"] == "completed" and ray_run["engine"] == "ray"
   events = list(trace.read_trace(tmp_path / "ray" / "trace.jsonl"))
   applies = [e for e in events if e.kind == "apply"]
@@ -92,6 +93,12 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
   assert replayed["params_fingerprint"] == ray_run["params_fingerprint"]
   assert replayed["model_state_fingerprint"] == ray_run["model_state_fingerprint"]
   assert replayed["test_accuracy"] == ray_run["test_accuracy"]
+  # killed after its last checkpoint, before its summary: resumed, it runs no
+  # step, and says that its measured figures are those of none
+  (tmp_path / "ray" / "summary.json").unlink()
+  again = jaxdl.run(config.replace(resume=True))
+  assert again["params_fingerprint"] == ray_run["params_fingerprint"]
+  assert again["measured_from_step"] == 12 and again["bytes_total"] == 0
 
 
 @pytest.mark.slow
