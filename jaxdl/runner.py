@@ -221,7 +221,8 @@ class _Training:
     one: as it is (a real engine's figures were measured in the process
     that ran the steps; a process that runs none would measure nothing)."""
     path = self.out / rundir.SUMMARY
-    if self.start < self.s.total_steps or not path.exists():
+    # (with several processes, each would have to find it: they compute it again)
+    if self.start < self.s.total_steps or not path.exists() or jax.process_count() > 1:
       return None
     try:
       summary = json.loads(path.read_text())
