@@ -22,7 +22,7 @@ from jaxdl.config import (ENVIRONMENT, RESOLVED, RUN_CONTROL_FIELDS, TASK_PREFIX
                           RunConfig, recorded)
 from jaxdl.data import Streams
 from jaxdl.engines import ENGINES
-from jaxdl.engines.base import slice_of
+from jaxdl.engines.base import slice_of, trace_figures
 from jaxdl.engines.sim import compute_as_recorded
 from jaxdl.errors import ConfigError
 from jaxdl.evaluation import Evaluator
@@ -374,21 +374,30 @@ class _Training:
         "higher_is_better": s.task.higher_is_better, **s.task.info,
         "seed": s.config.train.seed,
         "jax_version": jax.__version__, "backend": jax.default_backend(),
-        **s.engine.figures(),
+        **self._figures(),
         **s.engine.report(self.state),
     }
-    if self.start and not s.engine.simulated:
-      # A real engine measures in the process that runs the steps: resumed,
-      # its traffic, waits, batch times, trace time, staleness and CPU
-      # seconds are those of the steps after this one (trace.jsonl, the wall
-      # time and samples/s are the whole run's).
-      summary["measured_from_step"] = self.start
     summary = rundir.finite(summary)  # as summary.json holds it: NaN is null
     if distributed.is_main():
       self._write_trace()
       summary.update(self._time_figures(summary))
       rundir.write_json(self.out / rundir.SUMMARY, summary)
     return summary
+
+  def _figures(self) -> dict[str, Any]:
+    """The engine's figures. A real engine's trace and counts are its
+    process's: resumed, the figures of its trace (waits, staleness, batches
+    per worker, trace time) are taken from the whole run's instead, and
+    `measured_from_step` says that those it counts as it runs (bytes, batch
+    times, CPU seconds) are of the steps after the checkpoint's."""
+    figures = self.s.engine.figures()
+    if not self.start or self.s.engine.simulated:
+      return figures
+    whole = self._trace()
+    ours = trace_figures(whole, self.s.config.algorithm.workers, figures.get("bytes_total"))
+    ours["trace_time_s"] = whole[-1].time if whole else 0.0
+    return {**figures, **{k: v for k, v in ours.items() if k in figures},
+            "measured_from_step": self.start}
 
   def _time_figures(self, summary: dict[str, Any]) -> dict[str, Any]:
     """Seconds per epoch, and --target-accuracy's and --price-per-device-hour's

@@ -42,10 +42,11 @@ from jaxdl.report.markdown import fmt, table
 from jaxdl.report.prediction import prediction_note, prediction_table
 from jaxdl.report.staleness import staleness_table
 
-RESUMED_NOTE = ("A real engine measures in the process that runs the steps: these cells' "
-                "traffic, waits, batch times, trace time, staleness and CPU seconds are "
-                "those of the steps after the one they resumed from (their accuracy, steps, "
-                "wall time and samples/s are the whole run's).\n\n")
+RESUMED_NOTE = ("A real engine counts bytes, batch times and CPU seconds in the process "
+                "that runs the steps: these cells' are those of the steps after the one they "
+                "resumed from. Their waits, staleness, batches and trace time are the whole "
+                "run's (from its trace), as are their accuracy, steps, wall time and "
+                "samples/s.\n\n")
 WAIT_NOTE = ("Wait is the time a worker is held by its algorithm's rule: at a synchronous "
              "step's barrier (at a parameter server, until the last gradient has arrived), "
              "by SSP's bound, or with a GoSGD push behind its last message still in flight. "

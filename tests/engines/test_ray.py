@@ -94,11 +94,14 @@ def test_a_ray_run_replays_bit_for_bit_on_the_sim(ray_instance, tmp_path, name, 
   assert replayed["model_state_fingerprint"] == ray_run["model_state_fingerprint"]
   assert replayed["test_accuracy"] == ray_run["test_accuracy"]
   # killed after its last checkpoint, before its summary: resumed, it runs no
-  # step, and says that its measured figures are those of none
+  # step; the figures of its trace are the whole run's, and it says that
+  # those counted as it runs (bytes on the wire) are of the steps after 12
   (tmp_path / "ray" / "summary.json").unlink()
   again = jaxdl.run(config.replace(resume=True))
   assert again["params_fingerprint"] == ray_run["params_fingerprint"]
   assert again["measured_from_step"] == 12 and again["bytes_total"] == 0
+  for figure in ("batches_per_worker", "staleness_histogram", "wait_s", "trace_time_s"):
+    assert again[figure] == ray_run[figure], figure
 
 
 @pytest.mark.slow
