@@ -124,19 +124,22 @@ class Coordinator(Ledger):
     self.bytes_total += wire_bytes(center)
     return center, owed
 
-  async def give(self, w: int, c: int, message: np.ndarray, incarnation: int) -> bool:
+  async def give(self, w: int, c: int, message: np.ndarray, incarnation: int):
     """EASGD: worker w's message, after its local step c, meets the center
-    it took; whether the exchange took place (not once the run is over)."""
+    it took: (whether the exchange took place (not once the run is over),
+    the cuts w came to owe while it held the center, which precede the
+    exchange: it deposits its model from before the exchange at them)."""
     if self._stale(w, incarnation):
-      return False
+      return False, {}
     self.lent = None
+    owed = self._owed(w)
     done = not self.finished
     if done:
       self.server = self.programs.take(self.server, unpacked_tree(message, self.take_like))
       self._event("exchange", w, iteration=c)
       self.bytes_total += wire_bytes(message)
     await self._notify()
-    return done
+    return done, owed
 
   async def _taken(self, *workers: int) -> None:
     """Once none of `workers` is in an average (or giving its model)."""

@@ -170,8 +170,11 @@ class Peer:
           if center is None:
             return
           new, message = self.programs.meet(self.state, self._message("center", center))
-          if not ray.get(self.coordinator.give.remote(
-              self.w, c, packed(jax.tree.leaves(message)), self.incarnation)):
+          done, owed = ray.get(self.coordinator.give.remote(
+              self.w, c, packed(jax.tree.leaves(message)), self.incarnation))
+          if owed:  # cuts that came while it held the center: before the exchange
+            ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+          if not done:
             return
           self.state = new
       c += 1

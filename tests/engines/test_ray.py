@@ -782,3 +782,38 @@ def test_a_cut_handed_to_a_process_that_died_is_given_its_restart_model():
     assert await coordinator.ticket(1, "local", 2, incarnation=0) == (False, {})
 
   asyncio.run(scenario())
+
+
+def test_a_cut_that_comes_while_a_worker_holds_the_center_precedes_its_exchange():
+  """EASGD: worker 0 takes the center for its exchange, and worker 1's local
+  step ends step 0, a step the driver reads, before the exchange comes back.
+  In the trace the cut precedes the exchange, so the coordinator hands it to
+  worker 0 with the exchange's answer, for its model from before the
+  exchange (it used to be deposited at worker 0's next event, after the
+  exchange: a run resumed from that checkpoint did not replay)."""
+  import asyncio
+
+  import jax
+
+  from jaxdl.engines.base import slice_of
+  from jaxdl.engines.events import take
+  from jaxdl.engines.ray_coordinator import Coordinator
+  from jaxdl.engines.ray_driver import RayFields
+  from jaxdl.engines.ray_messages import packed
+
+  async def scenario():
+    config = RunConfig.make(algorithm="easgd", workers=2, **dict(RUN, steps=4))
+    coordinator = Coordinator(slice_of(config, RayFields), observed=[0])
+    _, workers, _ = coordinator.initialize(np.asarray(jax.random.key_data(jax.random.key(0))))
+    coordinator.begin(None, 0)
+    coordinator.warm_up()
+    assert (await coordinator.ticket(0, "local", 0, incarnation=0))[0]
+    center, owed = await coordinator.lend(0, incarnation=0)
+    assert center is not None and owed == {}
+    assert (await coordinator.ticket(1, "local", 0, incarnation=0))[0]  # step 0 ends
+    _, message = coordinator.programs.meet(take(workers, 0), coordinator.server)
+    done, owed = await coordinator.give(0, 0, packed(jax.tree.leaves(message)), incarnation=0)
+    assert done and owed == {0: [0]}
+    assert [e.kind for e in coordinator.events] == ["local", "local", "exchange"]
+
+  asyncio.run(scenario())
