@@ -394,9 +394,10 @@ class _Training:
     if not self.start or self.s.engine.simulated:
       return figures
     whole = self._trace()
-    ours = trace_figures(whole, self.s.config.algorithm.workers, figures.get("bytes_total"))
-    ours["trace_time_s"] = whole[-1].time if whole else 0.0
-    return {**figures, **{k: v for k, v in ours.items() if k in figures},
+    from_trace = trace_figures(whole, self.s.config.algorithm.workers,
+                               figures.get("bytes_total"))
+    from_trace["trace_time_s"] = whole[-1].time if whole else 0.0
+    return {**figures, **{k: v for k, v in from_trace.items() if k in figures},
             "measured_from_step": self.start}
 
   def _time_figures(self, summary: dict[str, Any]) -> dict[str, Any]:
