@@ -107,6 +107,11 @@ class Peer:
           {v: jax.device_get(models[v]) for v in owed if v in models}))
     return granted, {v: s for v, s in owed.items() if v not in models}
 
+  def _deposit(self, owed: dict[int, list[int]]) -> None:
+    """Its model as it is now, at the cuts it owes (`owed`: this worker's)."""
+    import ray
+    ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+
   def begin(self, state) -> None:
     """Takes its model at the run's start, before any worker runs (a peer's
     message or average may come before this worker's own first event)."""
@@ -166,14 +171,14 @@ class Peer:
         with self.lock:
           center, owed = ray.get(self.coordinator.lend.remote(self.w, self.incarnation))
           if owed:  # its model before the exchange, at the cuts it owed
-            ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+            self._deposit(owed)
           if center is None:
             return
           new, message = self.programs.meet(self.state, self._message("center", center))
           done, owed = ray.get(self.coordinator.give.remote(
               self.w, c, packed(jax.tree.leaves(message)), self.incarnation))
           if owed:  # cuts that came while it held the center: before the exchange
-            ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+            self._deposit(owed)
           if not done:
             return
           self.state = new
@@ -258,7 +263,7 @@ class Peer:
           ray.get(self.coordinator.cancel.remote(self.w, k, c))
         with self.lock:
           if owed:  # its model before the average (or the run's end), at the cuts it owed
-            ray.get(self.coordinator.deposit.remote(owed, {self.w: jax.device_get(self.state)}))
+            self._deposit(owed)
           if reply is not None:
             self.state = p.accept(offered, self._message("answer", reply))
         nbytes = wire_bytes(message) + (0 if reply is None else wire_bytes(reply))
